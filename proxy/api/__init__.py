@@ -1,0 +1,1 @@
+"""HTTP routes only: they parse, delegate and shape the answer."""

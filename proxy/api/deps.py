@@ -1,0 +1,46 @@
+"""Dependencies of the routes: the app state and the session a request belongs to."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from proxy.app_state import AppState
+from proxy.errors import InvalidRequest
+
+_SESSION_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.proxy
+    return state
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+
+
+def check_session_id(session_id: str) -> str:
+    if not _SESSION_ID.match(session_id):
+        raise InvalidRequest(
+            "session ids are 1-128 characters of letters, digits and . _ : @ -", param="session_id"
+        )
+    return session_id
+
+
+def resolve_session_id(
+    request: Request, x_session_id: Annotated[str | None, Header()] = None
+) -> tuple[str, bool]:
+    """The session from the path, else the X-Session-Id header, else a new one (created=True)."""
+    from_path = request.path_params.get("session_id")
+    if from_path is not None and x_session_id is not None and from_path != x_session_id:
+        raise InvalidRequest("the X-Session-Id header names another session than the path", param="session_id")
+    chosen = from_path or x_session_id
+    if chosen is None:
+        return uuid.uuid4().hex, True
+    return check_session_id(chosen), False
+
+
+SessionIdDep = Annotated[tuple[str, bool], Depends(resolve_session_id)]

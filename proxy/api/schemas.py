@@ -1,0 +1,161 @@
+"""Request bodies of the OpenAI surface, validated strictly: what we cannot honour is a 400."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from proxy.errors import InvalidRequest, UnsupportedParameter
+
+# Fields that change nothing about the sample: accepted and not acted on.
+_INERT_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(BaseModel):
+    # Wire-only keys such as `index` are ignored (decision 2).
+    model_config = ConfigDict(extra="ignore")
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+    def text_content(self) -> str | None:
+        if not isinstance(self.content, list):
+            return self.content
+        texts = []
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise UnsupportedParameter(
+                    f"content parts of type {part.type!r} are not supported; send text parts", param="messages"
+                )
+            texts.append(part.text)
+        return "\n".join(texts)
+
+    def as_plain(self) -> dict[str, Any]:
+        """The message as the renderer and the record hold it."""
+        role = "system" if self.role == "developer" else self.role
+        message: dict[str, Any] = {"role": role, "content": self.text_content()}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": call.function.arguments
+                        if isinstance(call.function.arguments, str)
+                        else _dumps(call.function.arguments),
+                    },
+                }
+                for call in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            message["reasoning_content"] = self.reasoning_content
+        return message
+
+
+def _dumps(value: Any) -> str:
+    import orjson
+
+    return orjson.dumps(value).decode()
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["auto"] | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    stop: str | list[str] | None = None
+    n: int | None = Field(default=None, ge=1)
+    stream: bool | None = None
+    seed: int | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > 32:
+            raise ValueError("at most 32 stop sequences")
+        if isinstance(value, list) and any(not s for s in value):
+            raise ValueError("stop sequences must be non-empty")
+        return value
+
+    def check_supported(self) -> None:
+        """Reject what this proxy cannot honour exactly, naming the parameter."""
+        for name in (self.model_extra or {}):
+            if name not in _INERT_FIELDS:
+                raise UnsupportedParameter(f"parameter {name!r} is not supported by tito-proxy", param=name)
+        if self.stream:
+            raise UnsupportedParameter("streaming is not supported yet; send stream=false", param="stream")
+        if self.n is not None and self.n != 1:
+            raise UnsupportedParameter("n > 1 is not supported yet", param="n")
+        if self.parallel_tool_calls is False:
+            raise UnsupportedParameter("parallel_tool_calls=false cannot be enforced", param="parallel_tool_calls")
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            raise UnsupportedParameter("only response_format type 'text' is supported", param="response_format")
+        if self.max_tokens is not None and self.max_completion_tokens is not None and (
+            self.max_tokens != self.max_completion_tokens
+        ):
+            raise InvalidRequest("max_tokens and max_completion_tokens disagree", param="max_tokens")
+
+    @property
+    def stop_sequences(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens

@@ -1,0 +1,109 @@
+"""create_app(settings): the FastAPI app and the lifespan that owns the engine, DB and tokenizer."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from proxy.api import health, openai, sessions
+from proxy.app_state import AppState
+from proxy.chat.renderer import Renderer
+from proxy.chat.tokenizer import load_tokenizer_files
+from proxy.config import Settings
+from proxy.engines.base import Engine
+from proxy.errors import InvalidRequest, ProxyError
+from proxy.store.database import create_engine, session_factory, upgrade_to_head
+from proxy.turns import TurnRunner
+
+log = logging.getLogger("tito_proxy")
+
+
+def build_engine(settings: Settings) -> Engine:
+    if settings.engine == "local":
+        from proxy.engines.local import LocalEngine
+
+        assert settings.model is not None
+        return LocalEngine(settings.model)
+    from proxy.engines.sglang import SGLangEngine
+
+    return SGLangEngine(settings.engine_url, timeout_s=settings.engine_timeout_s)
+
+
+def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
+    """The app for these settings; `engine` replaces the configured one (tests pass fakes here)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await upgrade_to_head(settings.db)
+        db_engine = create_engine(settings.db)
+        renderer = Renderer(load_tokenizer_files(settings.tokenizer_dir))
+        inference = engine or build_engine(settings)
+        context_length = settings.context_length
+        if context_length is None:
+            try:
+                context_length = (await inference.info()).context_length
+            except ProxyError as exc:
+                log.warning("engine info unavailable at start (%s); context length unchecked", exc.message)
+        log.info(
+            "template close token %s (id %s); context length %s; engine %s",
+            renderer.profile.close_token, renderer.profile.close_token_id, context_length, inference.name,
+        )
+        db_sessions = session_factory(db_engine)
+        app.state.proxy = AppState(
+            settings=settings,
+            engine=inference,
+            db_engine=db_engine,
+            db_sessions=db_sessions,
+            renderer=renderer,
+            turns=TurnRunner(
+                renderer=renderer, engine=inference, sessions=db_sessions, context_length=context_length
+            ),
+            model_name=settings.model_name,
+            context_length=context_length,
+        )
+        try:
+            yield
+        finally:
+            await inference.aclose()
+            await db_engine.dispose()
+
+    app = FastAPI(title="tito-proxy", version="0.1.0", lifespan=lifespan)
+    app.include_router(openai.router)
+    app.include_router(openai.router, prefix="/sessions/{session_id}")
+    app.include_router(sessions.router)
+    app.include_router(health.router)
+    _install_error_handlers(app)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ProxyError)
+    async def proxy_error(_: Request, exc: ProxyError) -> JSONResponse:
+        return JSONResponse(exc.envelope(), status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        location = [str(part) for part in first.get("loc", ()) if part != "body"]
+        param = ".".join(location) or None
+        message = f"{first.get('msg', 'invalid request')}" + (f" (at {param})" if param else "")
+        error = InvalidRequest(message, param=param, code="invalid_value")
+        return JSONResponse(error.envelope(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        body = {"error": {"message": str(exc.detail), "type": kind, "param": None, "code": None}}
+        return JSONResponse(body, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error", exc_info=exc)
+        error = ProxyError("internal error in tito-proxy; see its log")
+        return JSONResponse(error.envelope(), status_code=500)

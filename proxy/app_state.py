@@ -1,0 +1,26 @@
+"""The per-process state the lifespan builds and the routes read through dependencies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncSession as DbSession
+from sqlalchemy.ext.asyncio import async_sessionmaker
+
+from proxy.chat.renderer import Renderer
+from proxy.config import Settings
+from proxy.engines.base import Engine
+from proxy.turns import TurnRunner
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    engine: Engine
+    db_engine: AsyncEngine
+    db_sessions: async_sessionmaker[DbSession]
+    renderer: Renderer
+    turns: TurnRunner
+    model_name: str
+    context_length: int | None

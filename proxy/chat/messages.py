@@ -1,0 +1,76 @@
+"""Chat messages as plain dicts: the shape templates read, and the canonical form history matching compares."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+Message = dict[str, Any]
+
+
+def parse_arguments(arguments: Any) -> Any:
+    """Tool-call arguments as a value: OpenAI sends a JSON string, templates want the object."""
+    if isinstance(arguments, str):
+        try:
+            return orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return arguments
+    return arguments
+
+
+def for_template(message: Mapping[str, Any]) -> Message:
+    """The message as chat templates expect it (arguments as objects, as SGLang and vLLM pass them)."""
+    out = dict(message)
+    calls = message.get("tool_calls")
+    if calls:
+        out["tool_calls"] = [
+            {
+                "id": call.get("id"),
+                "type": "function",
+                "function": {
+                    "name": call["function"]["name"],
+                    "arguments": parse_arguments(call["function"].get("arguments")),
+                },
+            }
+            for call in calls
+        ]
+    return out
+
+
+def _canonical_call(call: Mapping[str, Any]) -> list[Any]:
+    function = call.get("function") or {}
+    return [call.get("id"), function.get("name"), parse_arguments(function.get("arguments"))]
+
+
+def canonical(message: Mapping[str, Any]) -> list[Any]:
+    """What makes two messages "the same" (decision 2): role, content ("" == None), tool calls with
+    arguments compared as parsed JSON, tool_call_id, name. Reasoning is compared separately."""
+    content = message.get("content")
+    return [
+        message.get("role"),
+        content if content else None,
+        [_canonical_call(c) for c in message.get("tool_calls") or []],
+        message.get("tool_call_id"),
+        message.get("name"),
+    ]
+
+
+def history_key(
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    template_kwargs: Mapping[str, Any] | None,
+) -> str:
+    """A digest of a conversation under the matching rules, plus what else shapes its render."""
+    payload = [[canonical(m) for m in messages], list(tools or []), dict(template_kwargs or {})]
+    return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def reasoning_consistent(echoed: Mapping[str, Any], recorded: Mapping[str, Any]) -> bool:
+    """A missing reasoning_content counts as unchanged (clients drop it); a present one must be ours."""
+    sent = echoed.get("reasoning_content")
+    if sent is None:
+        return True
+    return bool(sent == (recorded.get("reasoning_content") or ""))

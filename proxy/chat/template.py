@@ -1,0 +1,131 @@
+"""Renders a chat template exactly as transformers' apply_chat_template does, with a pinned clock.
+
+The Jinja environment mirrors transformers (sandboxed, trim_blocks, lstrip_blocks, loopcontrols, the
+same tojson/raise_exception/strftime_now helpers, reasoning fields aliased), so that our renders are
+byte-identical; tests assert that parity against transformers on every fixture template.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from proxy.errors import TemplateError
+
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Jinja's own tojson escapes HTML characters; chat templates expect plain json.dumps.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class _Namespace(jinja2.utils.Namespace):
+    """Jinja's namespace without dunder attributes, as in transformers."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _Namespace._check_name(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _Namespace._check_name(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check_name(name: object) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(f"namespace attribute {name!r} is not allowed")
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """Accepts `{% generation %}` blocks (used by training templates) and renders their body unchanged."""
+
+    tags = {"generation"}  # noqa: RUF012 - jinja's API
+
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render_body"), [], [], body).set_lineno(lineno)
+
+    def _render_body(self, caller: Any) -> str:
+        return str(caller())
+
+
+def _alias_reasoning(message: Mapping[str, Any]) -> dict[str, Any]:
+    reasoning = next((message[key] for key in _REASONING_FIELDS if message.get(key) is not None), None)
+    if reasoning is None:
+        return dict(message)
+    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
+
+
+class ChatTemplate:
+    """One compiled chat template plus the special-token variables it reads."""
+
+    def __init__(self, source: str, special_tokens: Mapping[str, str]) -> None:
+        self.source = source
+        self._special_tokens = dict(special_tokens)
+        self._now: datetime | None = None
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = self._strftime_now
+        env.globals["dict"] = dict
+        env.globals["namespace"] = _Namespace
+        self._compiled = env.from_string(source)
+
+    def _strftime_now(self, fmt: str) -> str:
+        return (self._now or datetime.now()).strftime(fmt)
+
+    @property
+    def reads_date(self) -> bool:
+        return "strftime_now" in self.source or "date_string" in self.source
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
+        now: datetime | None = None,
+    ) -> str:
+        """Render to text; `now` pins what the template sees as today's date."""
+        # transformers drops None-valued keys first: templates handle a missing key, not a None.
+        plain = [_alias_reasoning({k: v for k, v in m.items() if v is not None}) for m in messages]
+        variables: dict[str, Any] = {**self._special_tokens, **(template_kwargs or {})}
+        self._now = now
+        try:
+            return self._compiled.render(
+                messages=plain,
+                tools=list(tools) if tools is not None else None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **variables,
+            )
+        except jinja2.exceptions.TemplateError as exc:
+            raise TemplateError(f"the chat template refused this conversation: {exc}", param="messages") from exc
+        except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:
+            raise TemplateError(f"the chat template failed on this conversation: {exc}", param="messages") from exc
+        finally:
+            self._now = None

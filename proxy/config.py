@@ -1,0 +1,49 @@
+"""Settings of one proxy process, read from flags and `TITO_*` environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+EngineKind = Literal["sglang", "local"]
+
+
+class Settings(BaseSettings):
+    """Everything a proxy process needs; no instance exists at import time."""
+
+    model_config = SettingsConfigDict(env_prefix="TITO_", extra="forbid")
+
+    engine: EngineKind = "sglang"
+    engine_url: str = "http://127.0.0.1:30000"
+    engine_timeout_s: float = Field(default=600.0, gt=0)
+    model: Path | None = None
+    tokenizer: Path | None = None
+    served_model_name: str | None = None
+    context_length: int | None = Field(default=None, gt=0)
+    db: str = "sqlite:///tito-proxy.db"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="after")
+    def _tokenizer_source(self) -> Settings:
+        if self.tokenizer is None and self.model is None:
+            raise ValueError("a tokenizer is needed: pass --tokenizer DIR (or --model DIR, whose tokenizer is used)")
+        if self.engine == "local" and self.model is None:
+            raise ValueError("the local engine needs --model DIR")
+        return self
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        source = self.tokenizer or self.model
+        assert source is not None  # guaranteed by the validator
+        return source
+
+    @property
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        return self.tokenizer_dir.name

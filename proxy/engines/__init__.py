@@ -1,0 +1,1 @@
+"""Inference engines behind one protocol: token ids and sampling parameters in, sampled ids out."""

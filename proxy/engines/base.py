@@ -1,0 +1,93 @@
+"""The Engine protocol and the plain data that crosses it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+FinishKind = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters the proxy can honour exactly; names follow SGLang's sampling_params."""
+
+    # None: up to the context limit (SGLang's null).
+    max_new_tokens: int | None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def as_sglang(self) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            # Tool and think markers must survive; we build text from ids anyway.
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+        }
+        if self.stop:
+            params["stop"] = list(self.stop)
+        if self.stop_token_ids:
+            params["stop_token_ids"] = list(self.stop_token_ids)
+        if self.seed is not None:
+            params["sampling_seed"] = self.seed
+        return params
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    kind: FinishKind
+    matched_token: int | None = None
+    matched_text: str | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What the engine sampled for one prompt: ids and logprobs aligned one to one."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    finish: FinishReason
+    weight_version: str | None = None
+    cached_tokens: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.output_ids) != len(self.logprobs):
+            raise ValueError("output_ids and logprobs must be aligned")
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    model: str
+    context_length: int | None
+    weight_version: str | None = None
+
+
+class Engine(Protocol):
+    """An inference engine reachable from the proxy."""
+
+    name: str
+
+    async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation: ...
+
+    async def info(self) -> EngineInfo: ...
+
+    async def ready(self) -> bool: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,159 @@
+"""Client for SGLang's native /generate, speaking token ids in and out."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx
+import orjson
+
+from proxy.engines.base import EngineInfo, FinishReason, Generation, SamplingParams
+from proxy.errors import EngineError, EngineTimeout, EngineUnavailable, InvalidRequest
+
+
+def _error_message(response: httpx.Response) -> str:
+    # SGLang answers errors as {"error": "text"} or {"error": {"message": "text"}}.
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500] or f"HTTP {response.status_code}"
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, str):
+        return error
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    return str(body)[:500]
+
+
+def _finish_reason(raw: Any) -> FinishReason:
+    if not isinstance(raw, dict):
+        raise EngineError(f"SGLang returned an unexpected finish_reason: {raw!r}")
+    kind = raw.get("type")
+    if kind == "stop":
+        matched = raw.get("matched")
+        if isinstance(matched, int):
+            return FinishReason("stop", matched_token=matched)
+        return FinishReason("stop", matched_text=matched if isinstance(matched, str) else None)
+    if kind == "length":
+        return FinishReason("length")
+    if kind == "abort":
+        return FinishReason("abort", message=str(raw.get("message") or "aborted"))
+    raise EngineError(f"SGLang returned an unknown finish_reason type: {kind!r}")
+
+
+def parse_generation(body: Any) -> Generation:
+    """Turn one /generate response object into a Generation, checking every field we rely on."""
+    if not isinstance(body, dict):
+        raise EngineError("SGLang returned a non-object response")
+    meta = body.get("meta_info")
+    output_ids = body.get("output_ids")
+    if not isinstance(meta, dict) or not isinstance(output_ids, list):
+        raise EngineError("SGLang response lacks output_ids or meta_info")
+    entries = meta.get("output_token_logprobs")
+    if not isinstance(entries, list) or len(entries) != len(output_ids):
+        raise EngineError("SGLang response has no output_token_logprobs aligned with output_ids")
+    logprobs: list[float] = []
+    for token_id, entry in zip(output_ids, entries, strict=True):
+        if not isinstance(entry, list) or len(entry) < 2 or entry[1] != token_id:
+            raise EngineError("SGLang logprob entry does not match its output id")
+        value = entry[0]
+        if not isinstance(value, int | float):
+            raise EngineError("SGLang returned a non-numeric logprob for an output token")
+        logprobs.append(float(value))
+    if not all(isinstance(t, int) for t in output_ids):
+        raise EngineError("SGLang returned non-integer output ids")
+    version = meta.get("weight_version")
+    cached = meta.get("cached_tokens")
+    kept_meta = {k: meta[k] for k in ("id", "prompt_tokens", "completion_tokens", "e2e_latency", "weight_versions")
+                 if k in meta}
+    return Generation(
+        output_ids=list(output_ids),
+        logprobs=logprobs,
+        finish=_finish_reason(meta.get("finish_reason")),
+        weight_version=str(version) if version is not None else None,
+        cached_tokens=cached if isinstance(cached, int) else None,
+        meta=kept_meta,
+    )
+
+
+class SGLangEngine:
+    """An SGLang server (or anything speaking its /generate protocol) over HTTP."""
+
+    name = "sglang"
+
+    def __init__(self, base_url: str, *, timeout_s: float, transport: httpx.AsyncBaseTransport | None = None):
+        self._client = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            transport=transport,
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+        )
+
+    async def _post(self, path: str, payload: dict[str, Any]) -> httpx.Response:
+        try:
+            return await self._client.post(
+                path, content=orjson.dumps(payload), headers={"content-type": "application/json"}
+            )
+        except httpx.TimeoutException as exc:
+            raise EngineTimeout(f"the engine did not answer {path} in time") from exc
+        except httpx.TransportError as exc:
+            raise EngineUnavailable(f"cannot reach the engine at {self._client.base_url}: {exc}") from exc
+
+    async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+        payload = {
+            "input_ids": input_ids,
+            "sampling_params": params.as_sglang(),
+            "return_logprob": True,
+            "logprob_start_len": -1,
+            "stream": False,
+            # Fixed-length unique ids: SGLang aborts by rid prefix.
+            "rid": uuid.uuid4().hex,
+        }
+        response = await self._post("/generate", payload)
+        if response.status_code == 400:
+            raise InvalidRequest(f"the engine rejected the request: {_error_message(response)}", code="engine_rejected")
+        if response.status_code == 503:
+            raise EngineUnavailable(f"the engine is not ready: {_error_message(response)}")
+        if response.status_code != 200:
+            raise EngineError(f"the engine answered HTTP {response.status_code}: {_error_message(response)}")
+        try:
+            body = orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
+            raise EngineError("the engine answered with malformed JSON") from exc
+        if isinstance(body, list):
+            if len(body) != 1:
+                raise EngineError(f"the engine answered {len(body)} outputs for one prompt")
+            body = body[0]
+        return parse_generation(body)
+
+    async def info(self) -> EngineInfo:
+        model = "unknown"
+        context_length: int | None = None
+        weight_version: str | None = None
+        try:
+            models = await self._client.get("/v1/models")
+            if models.status_code == 200:
+                data = models.json().get("data") or []
+                if data:
+                    model = str(data[0].get("id", model))
+                    raw_len = data[0].get("max_model_len")
+                    context_length = raw_len if isinstance(raw_len, int) else None
+            model_info = await self._client.get("/model_info")
+            if model_info.status_code == 200:
+                weight_version = model_info.json().get("weight_version")
+        except httpx.TimeoutException as exc:
+            raise EngineTimeout("the engine did not answer its info routes in time") from exc
+        except (httpx.TransportError, ValueError) as exc:
+            raise EngineUnavailable(f"cannot read the engine's info at {self._client.base_url}: {exc}") from exc
+        return EngineInfo(model=model, context_length=context_length, weight_version=weight_version)
+
+    async def ready(self) -> bool:
+        try:
+            response = await self._client.get("/health", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,72 @@
+"""One error tree for the whole proxy, rendered as OpenAI's error envelope.
+
+    ProxyError                      500 server_error
+    ├── InvalidRequest              400 invalid_request_error
+    │   ├── UnsupportedParameter    400 code=unsupported_parameter
+    │   ├── ContextLengthExceeded   400 code=context_length_exceeded
+    │   └── TemplateError           400 code=template_error (the served template refuses the conversation)
+    ├── NotFound                    404 not_found_error
+    └── EngineError                 502 engine_error (bad answer from the engine)
+        ├── EngineUnavailable       503 (cannot connect, or the engine says it is not ready)
+        └── EngineTimeout           504
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ProxyError(Exception):
+    status_code = 500
+    error_type = "server_error"
+    default_code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code if code is not None else self.default_code
+
+    def envelope(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+
+
+class InvalidRequest(ProxyError):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class UnsupportedParameter(InvalidRequest):
+    default_code = "unsupported_parameter"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    default_code = "context_length_exceeded"
+
+
+class NotFound(ProxyError):
+    status_code = 404
+    error_type = "not_found_error"
+    default_code = "not_found"
+
+
+class EngineError(ProxyError):
+    status_code = 502
+    error_type = "engine_error"
+    default_code = "bad_gateway"
+
+
+class EngineUnavailable(EngineError):
+    status_code = 503
+    default_code = "engine_unavailable"
+
+
+class EngineTimeout(EngineError):
+    status_code = 504
+    default_code = "engine_timeout"
+
+
+class TemplateError(InvalidRequest):
+    """The chat template raised on this conversation (e.g. roles that must alternate)."""
+
+    default_code = "template_error"

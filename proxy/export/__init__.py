@@ -1,0 +1,1 @@
+"""Recorded calls turned into what trainers consume."""

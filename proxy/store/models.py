@@ -1,0 +1,63 @@
+"""ORM tables. The schema itself lives in migrations/; tests check that the two never drift."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, LargeBinary, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}  # noqa: RUF012 - SQLAlchemy's API
+
+
+class SessionRow(Base):
+    __tablename__ = "sessions"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), default="active")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # The date chat templates see for this session, fixed at creation so the rendered base never shifts.
+    template_now: Mapped[datetime] = mapped_column(DateTime(timezone=False))
+
+
+class SegmentRow(Base):
+    """A maximal run of calls whose prompts extend each other; its first call holds a fresh render."""
+
+    __tablename__ = "segments"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class CallRow(Base):
+    """One engine call. Prompt ids are stored as the tokens added to the parent's prompt + output."""
+
+    __tablename__ = "calls"
+    __table_args__ = (Index("ix_calls_session_history", "session_id", "history_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
+    segment_id: Mapped[int] = mapped_column(ForeignKey("segments.id", ondelete="CASCADE"), index=True)
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("calls.id", ondelete="CASCADE"), nullable=True)
+    depth: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    history_key: Mapped[str] = mapped_column(String(64))
+    prompt_len: Mapped[int] = mapped_column(Integer)
+    prompt_added: Mapped[bytes] = mapped_column(LargeBinary)
+    output_ids: Mapped[bytes] = mapped_column(LargeBinary)
+    output_logprobs: Mapped[bytes] = mapped_column(LargeBinary)
+    finish_reason: Mapped[str] = mapped_column(String(16))
+    finish_detail: Mapped[dict[str, Any]] = mapped_column(JSON)
+    boundary_edits: Mapped[list[Any]] = mapped_column(JSON)
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    response_message: Mapped[dict[str, Any]] = mapped_column(JSON)
+    sampling_params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    weight_version: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    engine_meta: Mapped[dict[str, Any]] = mapped_column(JSON)
+    timings: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

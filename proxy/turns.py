@@ -1,0 +1,276 @@
+"""One chat turn: plan the prompt ids, call the engine, record the call, derive the answer.
+
+The prompt of a turn that echoes a recorded history is the recorded context (prompt + sampled
+output, verbatim) plus the fixed-base delta of the appended messages; anything else opens a new
+segment with a fresh render. The call is committed before the caller sees the answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from sqlalchemy.ext.asyncio import AsyncSession as DbSession
+from sqlalchemy.ext.asyncio import async_sessionmaker
+
+from proxy.chat.messages import Message, history_key, reasoning_consistent
+from proxy.chat.parsing import ParsedOutput, parse_output
+from proxy.chat.renderer import DeltaUnavailable, Renderer
+from proxy.engines.base import Engine, Generation, SamplingParams
+from proxy.errors import ContextLengthExceeded, EngineError, InvalidRequest
+from proxy.store.codec import IdArray, pack_ids, pack_logprobs
+from proxy.store.models import CallRow
+from proxy.store.prompts import ContextCache, rebuild_context
+from proxy.store.repository import NewCall, Repository
+
+log = logging.getLogger("tito_proxy.turns")
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """A chat request reduced to what decides the tokens."""
+
+    messages: list[Message]
+    tools: list[dict[str, Any]] | None
+    template_kwargs: dict[str, Any] | None
+    sampling: SamplingParams
+    max_tokens_requested: int | None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    prompt: IdArray
+    added: IdArray
+    parent: CallRow | None
+    boundary_edits: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    call_id: int
+    session_id: str
+    output: ParsedOutput
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def _finish_for_openai(generation: Generation, output: ParsedOutput) -> str:
+    if generation.finish.kind == "length":
+        return "length"
+    return "tool_calls" if output.tool_calls else "stop"
+
+
+class TurnRunner:
+    """Runs chat turns for every session of this process."""
+
+    def __init__(
+        self,
+        *,
+        renderer: Renderer,
+        engine: Engine,
+        sessions: async_sessionmaker[DbSession],
+        context_length: int | None,
+        contexts: ContextCache | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.renderer = renderer
+        self.engine = engine
+        self.sessions = sessions
+        self.context_length = context_length
+        self.contexts = contexts or ContextCache()
+        self._clock = clock
+
+    async def run(self, session_id: str, request: TurnRequest) -> TurnResult:
+        started = self._clock()
+        async with self.sessions() as db, db.begin():
+            repo = Repository(db)
+            session = await repo.get_or_create_session(session_id)
+            template_now = session.template_now
+            parent, appended = await self._find_parent(repo, session_id, request)
+            plan = await self._plan(repo, request, parent, appended, template_now)
+        rendered = self._clock()
+
+        params = self._bounded_sampling(request, len(plan.prompt))
+        if len(plan.added) and int(plan.added.max()) >= self.renderer.vocab_size:
+            # One id outside the vocabulary is enough to kill an SGLang server.
+            raise InvalidRequest("the rendered prompt holds a token id outside the vocabulary")
+        prompt_list = plan.prompt.tolist()
+        generation = await self.engine.generate(prompt_list, params)
+        generated = self._clock()
+
+        output = self._parse(generation, params)
+        reply = output.as_message()
+        finish = _finish_for_openai(generation, output)
+        aborted = generation.finish.kind == "abort"
+        call = NewCall(
+            session_id=session_id,
+            segment_id=plan.parent.segment_id if plan.parent is not None else None,
+            parent_id=plan.parent.id if plan.parent is not None else None,
+            depth=plan.parent.depth + 1 if plan.parent is not None else 0,
+            status="aborted" if aborted else "ok",
+            history_key=history_key([*request.messages, reply], request.tools, request.template_kwargs),
+            prompt_len=len(plan.prompt),
+            prompt_added=pack_ids(plan.added),
+            output_ids=pack_ids(generation.output_ids),
+            output_logprobs=pack_logprobs(generation.logprobs),
+            finish_reason=generation.finish.kind,
+            finish_detail={
+                "openai": finish,
+                "matched_token": generation.finish.matched_token,
+                "matched_text": generation.finish.matched_text,
+                "message": generation.finish.message,
+            },
+            boundary_edits=plan.boundary_edits,
+            request={
+                "messages": request.messages,
+                "tools": request.tools,
+                "chat_template_kwargs": request.template_kwargs,
+                "body": request.raw,
+            },
+            response_message=reply,
+            sampling_params=params.as_sglang(),
+            weight_version=generation.weight_version,
+            engine_meta=generation.meta,
+            timings={},
+        )
+        async with self.sessions() as db, db.begin():
+            row = await Repository(db).add_call(
+                _with_timings(call, started, rendered, generated, self._clock())
+            )
+            call_id = row.id
+        context = np.concatenate([plan.prompt, np.asarray(generation.output_ids, dtype=np.int32)])
+        self.contexts.put(call_id, context, replaces=plan.parent.id if plan.parent is not None else None)
+        if aborted:
+            raise EngineError(f"the engine aborted the request: {generation.finish.message}", code="engine_aborted")
+        return TurnResult(
+            call_id=call_id,
+            session_id=session_id,
+            output=output,
+            finish_reason=finish,
+            prompt_tokens=len(plan.prompt),
+            completion_tokens=len(generation.output_ids),
+        )
+
+    async def _find_parent(
+        self, repo: Repository, session_id: str, request: TurnRequest
+    ) -> tuple[CallRow | None, list[Message]]:
+        """The recorded call whose conversation the request extends, and the messages appended to it."""
+        messages = request.messages
+        last_assistant = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+        if last_assistant is None or last_assistant == len(messages) - 1:
+            return None, []
+        echoed = messages[: last_assistant + 1]
+        key = history_key(echoed, request.tools, request.template_kwargs)
+        for candidate in await repo.calls_with_history(session_id, key):
+            recorded = [*candidate.request["messages"], candidate.response_message]
+            if all(reasoning_consistent(e, r) for e, r in zip(echoed, recorded, strict=True)):
+                return candidate, messages[last_assistant + 1 :]
+        return None, []
+
+    async def _plan(
+        self,
+        repo: Repository,
+        request: TurnRequest,
+        parent: CallRow | None,
+        appended: Sequence[Message],
+        template_now: datetime,
+    ) -> PromptPlan:
+        if parent is not None:
+            try:
+                return await self._continue(repo, request, parent, appended, template_now)
+            except DeltaUnavailable as exc:
+                log.info("session %s: new segment, delta unavailable: %s", parent.session_id, exc)
+        prompt = np.asarray(
+            self.renderer.render_prompt(
+                request.messages, tools=request.tools, template_kwargs=request.template_kwargs, now=template_now
+            ),
+            dtype=np.int32,
+        )
+        return PromptPlan(prompt=prompt, added=prompt, parent=None, boundary_edits=[])
+
+    async def _continue(
+        self,
+        repo: Repository,
+        request: TurnRequest,
+        parent: CallRow,
+        appended: Sequence[Message],
+        template_now: datetime,
+    ) -> PromptPlan:
+        delta = self.renderer.render_delta(
+            parent.response_message,
+            appended,
+            tools=request.tools,
+            template_kwargs=request.template_kwargs,
+            now=template_now,
+        )
+        context = self.contexts.get(parent.id)
+        if context is None:
+            context = rebuild_context(await repo.segment_token_rows(parent.segment_id), parent.id)
+            self.contexts.put(parent.id, context)
+        edits: list[dict[str, Any]] = []
+        added: list[int] = []
+        close = self.renderer.profile.close_token_id
+        if close is not None and (len(context) == 0 or int(context[-1]) != close):
+            # The turn ended without its close (length, stop string, another stop token): the template
+            # expects one, so it is synthesized with mask 0 (decision 3).
+            edits.append({"kind": "truncation_close_synthesized", "position": len(context), "token": close})
+            added.append(close)
+        added.extend(delta)
+        added_ids = np.asarray(added, dtype=np.int32)
+        return PromptPlan(
+            prompt=np.concatenate([context, added_ids]), added=added_ids, parent=parent, boundary_edits=edits
+        )
+
+    def _bounded_sampling(self, request: TurnRequest, prompt_len: int) -> SamplingParams:
+        params = request.sampling
+        if self.context_length is None:
+            return params
+        room = self.context_length - prompt_len
+        if room <= 0:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {self.context_length} tokens, but the prompt has "
+                f"{prompt_len} tokens.",
+                param="messages",
+            )
+        requested = request.max_tokens_requested
+        if requested is not None and requested > room:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {self.context_length} tokens. The prompt has "
+                f"{prompt_len} tokens and {requested} completion tokens were requested; at most {room} fit.",
+                param="max_tokens",
+            )
+        return params if requested is not None else _replace_max(params, room)
+
+    def _parse(self, generation: Generation, params: SamplingParams) -> ParsedOutput:
+        # Special tokens (close, EOS) are dropped from text; <think>/<tool_call> are ordinary added tokens.
+        text = str(self.renderer.tokenizer.decode(generation.output_ids, skip_special_tokens=True))
+        matched = generation.finish.matched_text
+        if matched and matched in text:
+            text = text[: text.rfind(matched)]
+        return parse_output(text, parse_reasoning=self.renderer.token_id("</think>") is not None)
+
+
+def _replace_max(params: SamplingParams, max_new_tokens: int) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(params, max_new_tokens=max_new_tokens)
+
+
+def _with_timings(call: NewCall, started: float, rendered: float, generated: float, done: float) -> NewCall:
+    from dataclasses import replace
+
+    return replace(
+        call,
+        timings={
+            "render_ms": round((rendered - started) * 1000, 3),
+            "engine_ms": round((generated - rendered) * 1000, 3),
+            "parse_ms": round((done - generated) * 1000, 3),
+        },
+    )
