@@ -89,10 +89,11 @@ class TurnRunner:
 
     async def run(self, session_id: str, request: TurnRequest) -> TurnResult:
         started = self._clock()
-        async with self.sessions() as db, db.begin():
+        async with self.sessions() as db:
             repo = Repository(db)
-            session = await repo.get_or_create_session(session_id)
-            template_now = session.template_now
+            session = await repo.get_session(session_id)
+            # A new session pins the date it is first rendered with; it is created with its first call.
+            template_now = session.template_now if session is not None else datetime.now()
             parent, appended = await self._find_parent(repo, session_id, request)
             plan = await self._plan(repo, request, parent, appended, template_now)
         rendered = self._clock()
@@ -141,7 +142,9 @@ class TurnRunner:
             timings={},
         )
         async with self.sessions() as db, db.begin():
-            row = await Repository(db).add_call(
+            repo = Repository(db)
+            await repo.get_or_create_session(session_id, template_now=template_now)
+            row = await repo.add_call(
                 _with_timings(call, started, rendered, generated, self._clock())
             )
             call_id = row.id

@@ -24,6 +24,9 @@ def parse_arguments(arguments: Any) -> Any:
 def for_template(message: Mapping[str, Any]) -> Message:
     """The message as chat templates expect it (arguments as objects, as SGLang and vLLM pass them)."""
     out = dict(message)
+    if out.get("role") == "assistant" and out.get("content") is None:
+        # "" and None are the same message (decision 2); templates such as Qwen3 fail on a missing content.
+        out["content"] = ""
     calls = message.get("tool_calls")
     if calls:
         out["tool_calls"] = [

@@ -51,14 +51,14 @@ class Repository:
     async def get_session(self, session_id: str) -> SessionRow | None:
         return await self.db.get(SessionRow, session_id)
 
-    async def get_or_create_session(self, session_id: str) -> SessionRow:
+    async def get_or_create_session(self, session_id: str, *, template_now: datetime) -> SessionRow:
         """The session, created on first use; concurrent first uses converge on one row."""
         found = await self.get_session(session_id)
         if found is not None:
             return found
         now = utcnow()
         row = SessionRow(
-            id=session_id, status="active", created_at=now, updated_at=now, template_now=datetime.now()
+            id=session_id, status="active", created_at=now, updated_at=now, template_now=template_now
         )
         try:
             async with self.db.begin_nested():

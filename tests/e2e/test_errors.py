@@ -1,0 +1,110 @@
+"""Bad input and engine faults answer in OpenAI's error envelope with the right status, never a 500."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ProxyFactory
+from tests.fakes.sglang import FakeSGLang
+from tests.support import serve
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def _post(url: str, body: Any, path: str = "/v1/chat/completions") -> httpx.Response:
+    if isinstance(body, bytes):
+        return httpx.post(url + path, content=body, headers={"content-type": "application/json"})
+    return httpx.post(url + path, json=body, timeout=30)
+
+
+def _error(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error: dict[str, Any] = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    return error
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"model": "m", "messages": USER, "stream": True}, "stream", "unsupported_parameter"),
+        ({"model": "m", "messages": USER, "logit_bias": {"1": 2}}, "logit_bias", "unsupported_parameter"),
+        ({"model": "m", "messages": USER, "n": 2}, "n", "unsupported_parameter"),
+        ({"model": "m", "messages": USER, "seed": 3}, "seed", "unsupported_parameter"),
+        ({"model": "m", "messages": USER, "tool_choice": "required"}, "tool_choice", "invalid_value"),
+        ({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role", "invalid_value"),
+        ({"model": "m", "messages": []}, "messages", "invalid_value"),
+        ({"messages": USER}, "model", "invalid_value"),
+        ({"model": "m", "messages": USER, "temperature": -1}, "temperature", "invalid_value"),
+        ({"model": "m", "messages": USER, "max_tokens": "many"}, "max_tokens", "invalid_value"),
+        ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages",
+         "unsupported_parameter"),
+    ],
+)
+def test_invalid_requests_are_400_in_the_envelope(proxy_url: str, body: Any, param: str, code: str) -> None:
+    error = _error(_post(proxy_url, body), 400)
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert error["code"] == code
+
+
+def test_malformed_json_is_400(proxy_url: str) -> None:
+    _error(_post(proxy_url, b"{not json"), 400)
+
+
+def test_bad_session_id_is_400(proxy_url: str) -> None:
+    error = _error(_post(proxy_url, {"model": "m", "messages": USER}, "/sessions/bad%20id/v1/chat/completions"), 400)
+    assert error["param"] == "session_id"
+
+
+def test_unknown_session_trajectory_is_404(proxy_url: str) -> None:
+    error = _error(httpx.get(f"{proxy_url}/sessions/nobody/trajectory"), 404)
+    assert error["type"] == "not_found_error"
+
+
+def test_unknown_route_is_404_in_the_envelope(proxy_url: str) -> None:
+    _error(httpx.get(f"{proxy_url}/v2/nothing"), 404)
+
+
+def test_context_length_is_checked_before_the_engine(start_proxy: ProxyFactory, engine: FakeSGLang) -> None:
+    with start_proxy(context_length=12) as url:
+        error = _error(_post(url, {"model": "m", "messages": [{"role": "user", "content": "word " * 20}]}), 400)
+        assert error["code"] == "context_length_exceeded"
+        error = _error(_post(url, {"model": "m", "messages": USER, "max_tokens": 100}), 400)
+        assert error["code"] == "context_length_exceeded"
+    assert engine.requests == []
+
+
+def test_engine_down_is_503(start_proxy: ProxyFactory) -> None:
+    with start_proxy(engine_url="http://127.0.0.1:9", context_length=4096) as url:
+        error = _error(_post(url, {"model": "m", "messages": USER}, "/sessions/down/v1/chat/completions"), 503)
+        assert error["code"] == "engine_unavailable"
+        assert httpx.get(f"{url}/health").status_code == 503
+        # Nothing is recorded for a call that never happened, not even its session.
+        assert httpx.get(f"{url}/sessions/down/trajectory").status_code == 404
+
+
+def test_engine_500_and_malformed_answers_are_502(start_proxy: ProxyFactory) -> None:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    answers = iter([
+        Response("boom", status_code=500),
+        Response("{not json", status_code=200, media_type="application/json"),
+        JSONResponse({"output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "stop", "matched": 2}}}),
+    ])
+
+    async def generate(_: Request) -> Response:
+        return next(answers)
+
+    broken = Starlette(routes=[Route("/generate", generate, methods=["POST"])])
+    with serve(broken) as engine_url, start_proxy(engine_url=engine_url, context_length=4096) as url:
+        for _ in range(3):
+            error = _error(_post(url, {"model": "m", "messages": USER}), 502)
+            assert error["type"] == "engine_error"
