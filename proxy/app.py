@@ -52,7 +52,10 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
                 log.warning("engine info unavailable at start (%s); context length unchecked", exc.message)
         log.info(
             "template close token %s (id %s); context length %s; engine %s",
-            renderer.profile.close_token, renderer.profile.close_token_id, context_length, inference.name,
+            renderer.profile.close_token,
+            renderer.profile.close_token_id,
+            context_length,
+            inference.name,
         )
         db_sessions = session_factory(db_engine)
         app.state.proxy = AppState(

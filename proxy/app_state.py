@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
-from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from proxy.chat.renderer import Renderer
 from proxy.config import Settings

@@ -16,8 +16,12 @@ def _serve_parser(sub: Any) -> None:
     serve = sub.add_parser("serve", help="run the proxy (flags override TITO_* environment variables)")
     serve.add_argument("--engine", choices=["sglang", "local"], help="inference engine (default sglang)")
     serve.add_argument("--engine-url", help="SGLang base URL (default http://127.0.0.1:30000)")
-    serve.add_argument("--engine-timeout-s", type=float, help="seconds to wait for one engine call (default 600)")
-    serve.add_argument("--model", type=Path, help="local model dir (local engine); its tokenizer is the default")
+    serve.add_argument(
+        "--engine-timeout-s", type=float, help="seconds to wait for one engine call (default 600)"
+    )
+    serve.add_argument(
+        "--model", type=Path, help="local model dir (local engine); its tokenizer is the default"
+    )
     serve.add_argument("--tokenizer", type=Path, help="local Hugging Face tokenizer dir with a chat template")
     serve.add_argument("--served-model-name", help="model name reported by /v1/models")
     serve.add_argument("--context-length", type=int, help="override the engine's context length")
@@ -31,8 +35,17 @@ def _settings_from(args: argparse.Namespace) -> Any:
     from proxy.config import Settings
 
     fields = (
-        "engine", "engine_url", "engine_timeout_s", "model", "tokenizer", "served_model_name",
-        "context_length", "db", "host", "port", "log_level",
+        "engine",
+        "engine_url",
+        "engine_timeout_s",
+        "model",
+        "tokenizer",
+        "served_model_name",
+        "context_length",
+        "db",
+        "host",
+        "port",
+        "log_level",
     )
     given = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     return Settings(**given)

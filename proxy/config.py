@@ -31,7 +31,9 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _tokenizer_source(self) -> Settings:
         if self.tokenizer is None and self.model is None:
-            raise ValueError("a tokenizer is needed: pass --tokenizer DIR (or --model DIR, whose tokenizer is used)")
+            raise ValueError(
+                "a tokenizer is needed: pass --tokenizer DIR (or --model DIR, whose tokenizer is used)"
+            )
         if self.engine == "local" and self.model is None:
             raise ValueError("the local engine needs --model DIR")
         return self

@@ -67,6 +67,7 @@ def build_demo_model(target: Path, *, seed: int = 0, hidden_size: int = 64, laye
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
     model.save_pretrained(str(target))
-    GenerationConfig(eos_token_id=[im_end, endoftext], pad_token_id=endoftext).save_pretrained(str(target))
+    generation = GenerationConfig(eos_token_id=[im_end, endoftext], pad_token_id=endoftext)  # type: ignore[no-untyped-call]
+    generation.save_pretrained(str(target))
     (target / "README.md").write_text(_README.format(seed=seed))
     return target

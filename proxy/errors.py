@@ -1,14 +1,14 @@
 """One error tree for the whole proxy, rendered as OpenAI's error envelope.
 
-    ProxyError                      500 server_error
-    ├── InvalidRequest              400 invalid_request_error
-    │   ├── UnsupportedParameter    400 code=unsupported_parameter
-    │   ├── ContextLengthExceeded   400 code=context_length_exceeded
-    │   └── TemplateError           400 code=template_error (the served template refuses the conversation)
-    ├── NotFound                    404 not_found_error
-    └── EngineError                 502 engine_error (bad answer from the engine)
-        ├── EngineUnavailable       503 (cannot connect, or the engine says it is not ready)
-        └── EngineTimeout           504
+ProxyError                      500 server_error
+├── InvalidRequest              400 invalid_request_error
+│   ├── UnsupportedParameter    400 code=unsupported_parameter
+│   ├── ContextLengthExceeded   400 code=context_length_exceeded
+│   └── TemplateError           400 code=template_error (the served template refuses the conversation)
+├── NotFound                    404 not_found_error
+└── EngineError                 502 engine_error (bad answer from the engine)
+    ├── EngineUnavailable       503 (cannot connect, or the engine says it is not ready)
+    └── EngineTimeout           504
 """
 
 from __future__ import annotations
@@ -28,7 +28,14 @@ class ProxyError(Exception):
         self.code = code if code is not None else self.default_code
 
     def envelope(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 class InvalidRequest(ProxyError):

@@ -144,14 +144,14 @@ class TurnRunner:
         async with self.sessions() as db, db.begin():
             repo = Repository(db)
             await repo.get_or_create_session(session_id, template_now=template_now)
-            row = await repo.add_call(
-                _with_timings(call, started, rendered, generated, self._clock())
-            )
+            row = await repo.add_call(_with_timings(call, started, rendered, generated, self._clock()))
             call_id = row.id
         context = np.concatenate([plan.prompt, np.asarray(generation.output_ids, dtype=np.int32)])
         self.contexts.put(call_id, context, replaces=plan.parent.id if plan.parent is not None else None)
         if aborted:
-            raise EngineError(f"the engine aborted the request: {generation.finish.message}", code="engine_aborted")
+            raise EngineError(
+                f"the engine aborted the request: {generation.finish.message}", code="engine_aborted"
+            )
         return TurnResult(
             call_id=call_id,
             session_id=session_id,
@@ -192,7 +192,10 @@ class TurnRunner:
                 log.info("session %s: new segment, delta unavailable: %s", parent.session_id, exc)
         prompt = np.asarray(
             self.renderer.render_prompt(
-                request.messages, tools=request.tools, template_kwargs=request.template_kwargs, now=template_now
+                request.messages,
+                tools=request.tools,
+                template_kwargs=request.template_kwargs,
+                now=template_now,
             ),
             dtype=np.int32,
         )

@@ -13,7 +13,7 @@ from proxy.app import create_app
 from proxy.config import Settings
 from proxy.demo_model import copy_qwen_tokenizer
 from tests.fakes.sglang import FakeSGLang
-from tests.support import serve
+from tests.support import serve, token_id
 
 
 @pytest.fixture(scope="session")
@@ -30,8 +30,8 @@ def qwen_tokenizer(qwen_dir: Path) -> Tokenizer:
 
 @pytest.fixture
 def engine(qwen_tokenizer: Tokenizer) -> Iterator[FakeSGLang]:
-    im_end = qwen_tokenizer.token_to_id("<|im_end|>")
-    endoftext = qwen_tokenizer.token_to_id("<|endoftext|>")
+    im_end = token_id(qwen_tokenizer, "<|im_end|>")
+    endoftext = token_id(qwen_tokenizer, "<|endoftext|>")
     fake = FakeSGLang(
         tokenizer=qwen_tokenizer,
         eos_ids=(im_end, endoftext),

@@ -40,5 +40,7 @@ def assert_invariants(
         previous = sent + output.ids
     # I3: mask 1 exactly on sampled tokens; I4: their logprobs are the engine's, 0.0 elsewhere.
     assert mask == expected_mask
-    np.testing.assert_allclose(np.asarray(logprobs), np.asarray(expected_logprobs, dtype=np.float32), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(logprobs), np.asarray(expected_logprobs, dtype=np.float32), rtol=1e-6
+    )
     assert [v for v, m in zip(logprobs, mask, strict=True) if m == 0] == [0.0] * mask.count(0)

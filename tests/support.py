@@ -9,6 +9,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import uvicorn
+from tokenizers import Tokenizer
+
+
+def token_id(tokenizer: Tokenizer, text: str) -> int:
+    """The id of a token that must exist in this vocabulary."""
+    found = tokenizer.token_to_id(text)
+    assert found is not None, f"{text!r} is not a token"
+    return int(found)
 
 
 @contextmanager

@@ -36,7 +36,9 @@ def resolve_session_id(
     """The session from the path, else the X-Session-Id header, else a new one (created=True)."""
     from_path = request.path_params.get("session_id")
     if from_path is not None and x_session_id is not None and from_path != x_session_id:
-        raise InvalidRequest("the X-Session-Id header names another session than the path", param="session_id")
+        raise InvalidRequest(
+            "the X-Session-Id header names another session than the path", param="session_id"
+        )
     chosen = from_path or x_session_id
     if chosen is None:
         return uuid.uuid4().hex, True

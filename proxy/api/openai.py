@@ -16,7 +16,9 @@ from proxy.turns import TurnRequest, TurnResult
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 
-def _sampling(body: ChatCompletionRequest, *, stop_token_ids: tuple[int, ...], seed_honoured: bool) -> SamplingParams:
+def _sampling(
+    body: ChatCompletionRequest, *, stop_token_ids: tuple[int, ...], seed_honoured: bool
+) -> SamplingParams:
     if body.seed is not None and not seed_honoured:
         raise UnsupportedParameter(
             "seed is only honoured by the local engine (SGLang needs --enable-deterministic-inference)",
@@ -48,7 +50,9 @@ def _completion_body(result: TurnResult, model: str) -> dict[str, Any]:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": result.finish_reason, "logprobs": None}],
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": result.finish_reason, "logprobs": None}
+        ],
         "usage": {
             "prompt_tokens": result.prompt_tokens,
             "completion_tokens": result.completion_tokens,

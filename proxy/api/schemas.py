@@ -48,7 +48,8 @@ class ChatMessage(BaseModel):
         for part in self.content:
             if part.type != "text" or part.text is None:
                 raise UnsupportedParameter(
-                    f"content parts of type {part.type!r} are not supported; send text parts", param="messages"
+                    f"content parts of type {part.type!r} are not supported; send text parts",
+                    param="messages",
                 )
             texts.append(part.text)
         return "\n".join(texts)
@@ -134,7 +135,7 @@ class ChatCompletionRequest(BaseModel):
 
     def check_supported(self) -> None:
         """Reject what this proxy cannot honour exactly, naming the parameter."""
-        for name in (self.model_extra or {}):
+        for name in self.model_extra or {}:
             if name not in _INERT_FIELDS:
                 raise UnsupportedParameter(f"parameter {name!r} is not supported by tito-proxy", param=name)
         if self.stream:
@@ -142,11 +143,17 @@ class ChatCompletionRequest(BaseModel):
         if self.n is not None and self.n != 1:
             raise UnsupportedParameter("n > 1 is not supported yet", param="n")
         if self.parallel_tool_calls is False:
-            raise UnsupportedParameter("parallel_tool_calls=false cannot be enforced", param="parallel_tool_calls")
+            raise UnsupportedParameter(
+                "parallel_tool_calls=false cannot be enforced", param="parallel_tool_calls"
+            )
         if self.response_format is not None and self.response_format.get("type") != "text":
-            raise UnsupportedParameter("only response_format type 'text' is supported", param="response_format")
-        if self.max_tokens is not None and self.max_completion_tokens is not None and (
-            self.max_tokens != self.max_completion_tokens
+            raise UnsupportedParameter(
+                "only response_format type 'text' is supported", param="response_format"
+            )
+        if (
+            self.max_tokens is not None
+            and self.max_completion_tokens is not None
+            and (self.max_tokens != self.max_completion_tokens)
         ):
             raise InvalidRequest("max_tokens and max_completion_tokens disagree", param="max_tokens")
 

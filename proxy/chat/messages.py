@@ -1,4 +1,4 @@
-"""Chat messages as plain dicts: the shape templates read, and the canonical form history matching compares."""
+"""Chat messages as plain dicts: the shape templates read, and the canonical form that matching compares."""
 
 from __future__ import annotations
 

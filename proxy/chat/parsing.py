@@ -68,7 +68,9 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
                 "type": "function",
                 "function": {
                     "name": payload["name"],
-                    "arguments": orjson.dumps(arguments).decode() if not isinstance(arguments, str) else arguments,
+                    "arguments": orjson.dumps(arguments).decode()
+                    if not isinstance(arguments, str)
+                    else arguments,
                 },
             }
         )
@@ -87,5 +89,6 @@ def parse_output(text: str, *, parse_reasoning: bool) -> ParsedOutput:
         # A malformed tool call is returned as content, never as an error.
         return ParsedOutput(content=rest, reasoning_content=reasoning, tool_calls=[])
     content, calls = parsed
-    return ParsedOutput(content=content if content or not calls else None, reasoning_content=reasoning,
-                        tool_calls=calls)
+    return ParsedOutput(
+        content=content if content or not calls else None, reasoning_content=reasoning, tool_calls=calls
+    )

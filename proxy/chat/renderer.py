@@ -75,7 +75,9 @@ class Renderer:
         stub_at = text.rfind(STUB_CONTENT)
         ids = self.encode(text[stub_at + len(STUB_CONTENT) :]) if stub_at >= 0 else []
         close = next((t for t in ids if t in self._added_ids), None)
-        return TemplateProfile(close_token_id=close, close_token=self.token_text(close) if close is not None else None)
+        return TemplateProfile(
+            close_token_id=close, close_token=self.token_text(close) if close is not None else None
+        )
 
     def render_prompt(
         self,
@@ -104,7 +106,8 @@ class Renderer:
         template_kwargs: Mapping[str, Any] | None,
         now: datetime | None,
     ) -> list[int]:
-        """Ids the template puts after an assistant turn's close for `appended`, plus the generation prompt."""
+        """Ids the template puts after an assistant turn's close for `appended`, plus the generation
+        prompt."""
         close = self.profile.close_token
         if close is None:
             raise DeltaUnavailable("the template has no assistant close token")

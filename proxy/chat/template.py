@@ -33,7 +33,9 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:
     # Jinja's own tojson escapes HTML characters; chat templates expect plain json.dumps.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 class _Namespace(jinja2.utils.Namespace):
@@ -124,8 +126,12 @@ class ChatTemplate:
                 **variables,
             )
         except jinja2.exceptions.TemplateError as exc:
-            raise TemplateError(f"the chat template refused this conversation: {exc}", param="messages") from exc
+            raise TemplateError(
+                f"the chat template refused this conversation: {exc}", param="messages"
+            ) from exc
         except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:
-            raise TemplateError(f"the chat template failed on this conversation: {exc}", param="messages") from exc
+            raise TemplateError(
+                f"the chat template failed on this conversation: {exc}", param="messages"
+            ) from exc
         finally:
             self._now = None

@@ -1,4 +1,4 @@
-"""A Hugging Face tokenizer directory loaded without transformers: vocabulary, special tokens, chat template."""
+"""A Hugging Face tokenizer directory read without transformers: vocabulary, special tokens, template."""
 
 from __future__ import annotations
 
@@ -12,7 +12,15 @@ from tokenizers import Tokenizer
 from proxy.errors import ProxyError
 
 # The special-token names transformers hands to a chat template as variables.
-_TEMPLATE_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+_TEMPLATE_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 
 
 class TokenizerLoadError(ProxyError):
@@ -23,7 +31,7 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
+        return str(value["content"])
     return None
 
 
@@ -58,15 +66,23 @@ def _chat_template_from(directory: Path, config: dict[str, Any]) -> str:
     if isinstance(template, list):
         # Named templates: the one called "default" is what apply_chat_template uses.
         for entry in template:
-            if isinstance(entry, dict) and entry.get("name") == "default" and isinstance(entry.get("template"), str):
+            if (
+                isinstance(entry, dict)
+                and entry.get("name") == "default"
+                and isinstance(entry.get("template"), str)
+            ):
                 return str(entry["template"])
-    raise TokenizerLoadError(f"no chat template in {directory} (chat_template.jinja or tokenizer_config.json)")
+    raise TokenizerLoadError(
+        f"no chat template in {directory} (chat_template.jinja or tokenizer_config.json)"
+    )
 
 
 def load_tokenizer_files(directory: Path) -> TokenizerFiles:
     tokenizer_json = directory / "tokenizer.json"
     if not tokenizer_json.is_file():
-        raise TokenizerLoadError(f"{tokenizer_json} not found: --tokenizer must name a Hugging Face tokenizer dir")
+        raise TokenizerLoadError(
+            f"{tokenizer_json} not found: --tokenizer must name a Hugging Face tokenizer dir"
+        )
     config_file = directory / "tokenizer_config.json"
     config: dict[str, Any] = {}
     if config_file.is_file():

@@ -25,17 +25,21 @@ class LocalEngine:
             import torch
             from transformers import AutoModelForCausalLM
         except ImportError as exc:  # pragma: no cover - depends on the install
-            raise RuntimeError("the local engine needs the 'local' extra: pip install 'tito-proxy[local]'") from exc
+            raise RuntimeError(
+                "the local engine needs the 'local' extra: pip install 'tito-proxy[local]'"
+            ) from exc
         self._torch = torch
         torch.set_num_threads(max(1, torch.get_num_threads()))
         self._model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-        self._model.eval()
+        self._model.train(False)  # inference mode: no dropout
         self._model_dir = model_dir
         config = self._model.config
         self._vocab_size = int(config.vocab_size)
         self._context_length = int(getattr(config, "max_position_embeddings", 0) or 0) or None
         eos = getattr(self._model.generation_config, "eos_token_id", None)
-        self._eos_ids: tuple[int, ...] = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+        self._eos_ids: tuple[int, ...] = (
+            tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+        )
         self._weight_version = weight_version
         self._lock = threading.Lock()
 
@@ -84,9 +88,13 @@ class LocalEngine:
                 finish = FinishReason("stop", matched_text=matched)
                 break
             step_input = torch.tensor([[token]], dtype=torch.long)
-        return Generation(output_ids=output, logprobs=logprobs, finish=finish, weight_version=self._weight_version)
+        return Generation(
+            output_ids=output, logprobs=logprobs, finish=finish, weight_version=self._weight_version
+        )
 
-    def _apply_penalties(self, logits: Any, counts: dict[int, int], prompt: list[int], params: SamplingParams) -> Any:
+    def _apply_penalties(
+        self, logits: Any, counts: dict[int, int], prompt: list[int], params: SamplingParams
+    ) -> Any:
         torch = self._torch
         if params.repetition_penalty != 1.0:
             seen = torch.tensor(sorted(set(prompt) | set(counts)), dtype=torch.long)
@@ -142,7 +150,9 @@ class LocalEngine:
 
     async def info(self) -> EngineInfo:
         return EngineInfo(
-            model=self._model_dir.name, context_length=self._context_length, weight_version=self._weight_version
+            model=self._model_dir.name,
+            context_length=self._context_length,
+            weight_version=self._weight_version,
         )
 
     async def ready(self) -> bool:

@@ -65,8 +65,11 @@ def parse_generation(body: Any) -> Generation:
         raise EngineError("SGLang returned non-integer output ids")
     version = meta.get("weight_version")
     cached = meta.get("cached_tokens")
-    kept_meta = {k: meta[k] for k in ("id", "prompt_tokens", "completion_tokens", "e2e_latency", "weight_versions")
-                 if k in meta}
+    kept_meta = {
+        k: meta[k]
+        for k in ("id", "prompt_tokens", "completion_tokens", "e2e_latency", "weight_versions")
+        if k in meta
+    }
     return Generation(
         output_ids=list(output_ids),
         logprobs=logprobs,
@@ -112,7 +115,9 @@ class SGLangEngine:
         }
         response = await self._post("/generate", payload)
         if response.status_code == 400:
-            raise InvalidRequest(f"the engine rejected the request: {_error_message(response)}", code="engine_rejected")
+            raise InvalidRequest(
+                f"the engine rejected the request: {_error_message(response)}", code="engine_rejected"
+            )
         if response.status_code == 503:
             raise EngineUnavailable(f"the engine is not ready: {_error_message(response)}")
         if response.status_code != 200:
@@ -145,7 +150,9 @@ class SGLangEngine:
         except httpx.TimeoutException as exc:
             raise EngineTimeout("the engine did not answer its info routes in time") from exc
         except (httpx.TransportError, ValueError) as exc:
-            raise EngineUnavailable(f"cannot read the engine's info at {self._client.base_url}: {exc}") from exc
+            raise EngineUnavailable(
+                f"cannot read the engine's info at {self._client.base_url}: {exc}"
+            ) from exc
         return EngineInfo(model=model, context_length=context_length, weight_version=weight_version)
 
     async def ready(self) -> bool:

@@ -73,7 +73,9 @@ class Repository:
         """Completed calls whose conversation (request + reply) has this key, newest first."""
         result = await self.db.scalars(
             select(CallRow)
-            .where(CallRow.session_id == session_id, CallRow.history_key == history_key, CallRow.status == "ok")
+            .where(
+                CallRow.session_id == session_id, CallRow.history_key == history_key, CallRow.status == "ok"
+            )
             .order_by(CallRow.id.desc())
         )
         return result.all()

@@ -36,13 +36,20 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
         ({"model": "m", "messages": USER, "n": 2}, "n", "unsupported_parameter"),
         ({"model": "m", "messages": USER, "seed": 3}, "seed", "unsupported_parameter"),
         ({"model": "m", "messages": USER, "tool_choice": "required"}, "tool_choice", "invalid_value"),
-        ({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role", "invalid_value"),
+        (
+            {"model": "m", "messages": [{"role": "wizard", "content": "x"}]},
+            "messages.0.role",
+            "invalid_value",
+        ),
         ({"model": "m", "messages": []}, "messages", "invalid_value"),
         ({"messages": USER}, "model", "invalid_value"),
         ({"model": "m", "messages": USER, "temperature": -1}, "temperature", "invalid_value"),
         ({"model": "m", "messages": USER, "max_tokens": "many"}, "max_tokens", "invalid_value"),
-        ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages",
-         "unsupported_parameter"),
+        (
+            {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages",
+            "unsupported_parameter",
+        ),
     ],
 )
 def test_invalid_requests_are_400_in_the_envelope(proxy_url: str, body: Any, param: str, code: str) -> None:
@@ -57,7 +64,9 @@ def test_malformed_json_is_400(proxy_url: str) -> None:
 
 
 def test_bad_session_id_is_400(proxy_url: str) -> None:
-    error = _error(_post(proxy_url, {"model": "m", "messages": USER}, "/sessions/bad%20id/v1/chat/completions"), 400)
+    error = _error(
+        _post(proxy_url, {"model": "m", "messages": USER}, "/sessions/bad%20id/v1/chat/completions"), 400
+    )
     assert error["param"] == "session_id"
 
 
@@ -72,7 +81,9 @@ def test_unknown_route_is_404_in_the_envelope(proxy_url: str) -> None:
 
 def test_context_length_is_checked_before_the_engine(start_proxy: ProxyFactory, engine: FakeSGLang) -> None:
     with start_proxy(context_length=12) as url:
-        error = _error(_post(url, {"model": "m", "messages": [{"role": "user", "content": "word " * 20}]}), 400)
+        error = _error(
+            _post(url, {"model": "m", "messages": [{"role": "user", "content": "word " * 20}]}), 400
+        )
         assert error["code"] == "context_length_exceeded"
         error = _error(_post(url, {"model": "m", "messages": USER, "max_tokens": 100}), 400)
         assert error["code"] == "context_length_exceeded"
@@ -81,7 +92,9 @@ def test_context_length_is_checked_before_the_engine(start_proxy: ProxyFactory, 
 
 def test_engine_down_is_503(start_proxy: ProxyFactory) -> None:
     with start_proxy(engine_url="http://127.0.0.1:9", context_length=4096) as url:
-        error = _error(_post(url, {"model": "m", "messages": USER}, "/sessions/down/v1/chat/completions"), 503)
+        error = _error(
+            _post(url, {"model": "m", "messages": USER}, "/sessions/down/v1/chat/completions"), 503
+        )
         assert error["code"] == "engine_unavailable"
         assert httpx.get(f"{url}/health").status_code == 503
         # Nothing is recorded for a call that never happened, not even its session.
@@ -94,11 +107,15 @@ def test_engine_500_and_malformed_answers_are_502(start_proxy: ProxyFactory) -> 
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    answers = iter([
-        Response("boom", status_code=500),
-        Response("{not json", status_code=200, media_type="application/json"),
-        JSONResponse({"output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "stop", "matched": 2}}}),
-    ])
+    answers = iter(
+        [
+            Response("boom", status_code=500),
+            Response("{not json", status_code=200, media_type="application/json"),
+            JSONResponse(
+                {"output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "stop", "matched": 2}}}
+            ),
+        ]
+    )
 
     async def generate(_: Request) -> Response:
         return next(answers)

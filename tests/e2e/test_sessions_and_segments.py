@@ -11,6 +11,7 @@ from tokenizers import Tokenizer
 from tests.conftest import ProxyFactory
 from tests.fakes.sglang import FakeSGLang
 from tests.invariants import assert_invariants
+from tests.support import token_id
 
 
 def _chat(url: str, messages: list[dict[str, Any]], session: str = "s", **extra: Any) -> dict[str, Any]:
@@ -35,13 +36,13 @@ def _text_ids(tokenizer: Tokenizer, text: str) -> list[int]:
 def test_conversation_continued_after_restart_extends_its_segment(
     start_proxy: ProxyFactory, engine: FakeSGLang, qwen_tokenizer: Tokenizer, tmp_path: Path
 ) -> None:
-    im_end = qwen_tokenizer.token_to_id("<|im_end|>")
-    outputs = [engine.push(_text_ids(qwen_tokenizer, "first answer") + [im_end])]
+    im_end = token_id(qwen_tokenizer, "<|im_end|>")
+    outputs = [engine.push([*_text_ids(qwen_tokenizer, "first answer"), im_end])]
     messages: list[dict[str, Any]] = [{"role": "user", "content": "one"}]
     with start_proxy(db=tmp_path / "keep.db") as url:
         messages.append(_chat(url, messages)["choices"][0]["message"])
     messages.append({"role": "user", "content": "two"})
-    outputs.append(engine.push(_text_ids(qwen_tokenizer, "second answer") + [im_end]))
+    outputs.append(engine.push([*_text_ids(qwen_tokenizer, "second answer"), im_end]))
     with start_proxy(db=tmp_path / "keep.db") as url:
         _chat(url, messages)
         segments = _segments(url)
@@ -53,14 +54,17 @@ def test_conversation_continued_after_restart_extends_its_segment(
 def test_history_that_does_not_extend_starts_a_new_segment(
     proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
 ) -> None:
-    im_end = qwen_tokenizer.token_to_id("<|im_end|>")
-    engine.push(_text_ids(qwen_tokenizer, "long story") + [im_end])
+    im_end = token_id(qwen_tokenizer, "<|im_end|>")
+    engine.push([*_text_ids(qwen_tokenizer, "long story"), im_end])
     messages: list[dict[str, Any]] = [{"role": "user", "content": "tell me"}]
     messages.append(_chat(proxy_url, messages)["choices"][0]["message"])
     # A summary replaces the assistant turn: not append-only (decision 5).
-    summary = [{"role": "user", "content": "tell me"}, {"role": "assistant", "content": "summary"},
-               {"role": "user", "content": "go on"}]
-    engine.push(_text_ids(qwen_tokenizer, "more") + [im_end])
+    summary = [
+        {"role": "user", "content": "tell me"},
+        {"role": "assistant", "content": "summary"},
+        {"role": "user", "content": "go on"},
+    ]
+    engine.push([*_text_ids(qwen_tokenizer, "more"), im_end])
     _chat(proxy_url, summary)
     segments = _segments(proxy_url)
     assert [s["num_calls"] for s in segments] == [1, 1]
@@ -70,13 +74,13 @@ def test_history_that_does_not_extend_starts_a_new_segment(
 def test_truncated_turn_continued_gets_a_synthesized_close(
     proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
 ) -> None:
-    im_end = qwen_tokenizer.token_to_id("<|im_end|>")
+    im_end = token_id(qwen_tokenizer, "<|im_end|>")
     scripted = engine.push(_text_ids(qwen_tokenizer, "one two three four five six seven"))
     messages: list[dict[str, Any]] = [{"role": "user", "content": "count"}]
     first = _chat(proxy_url, messages, max_tokens=3)
     assert first["choices"][0]["finish_reason"] == "length"
     messages += [first["choices"][0]["message"], {"role": "user", "content": "continue"}]
-    engine.push(_text_ids(qwen_tokenizer, "done") + [im_end])
+    engine.push([*_text_ids(qwen_tokenizer, "done"), im_end])
     _chat(proxy_url, messages)
     [segment] = _segments(proxy_url)
     sampled = scripted.ids[:3]
@@ -109,7 +113,8 @@ def test_session_from_header_and_created_when_absent(proxy_url: str, engine: Fak
     assert by_header.headers["x-session-id"] == "hdr-1"
     created = httpx.post(f"{proxy_url}/v1/chat/completions", json=body)
     new_id = created.headers["x-session-id"]
-    assert new_id and new_id != "hdr-1"
+    assert new_id
+    assert new_id != "hdr-1"
     assert len(_segments(proxy_url, new_id)) == 1
     assert len(_segments(proxy_url, "hdr-1")) == 1
 

@@ -13,29 +13,64 @@ from transformers import AutoTokenizer
 
 from tests.fakes.sglang import FakeSGLang, ScriptedOutput
 from tests.invariants import assert_invariants
+from tests.support import token_id
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
-     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-    {"type": "function", "function": {"name": "get_time", "description": "Local time",
-     "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather of a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "Local time",
+            "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]},
+        },
+    },
 ]
 
 
 def _call(name: str, arguments: dict[str, Any]) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+        + "\n</tool_call>"
+    )
 
 
 # Each turn: what the model "samples", and the tool results the harness sends back after it.
 TURNS: list[tuple[str, list[str]]] = [
-    ("<think>\nI need the weather first.\n</think>\n\n" + _call("get_weather", {"city": "Paris"}),
-     ["  Sunny, 21°C\n"]),
-    ("<think>\nNow Tokyo, both at once.\n</think>\n\n" + _call("get_time", {"tz": "Asia/Tokyo"}) + "\n"
-     + _call("get_weather", {"city": "Tokyo"}), ["09:00", "\nRain 🌧\n\n"]),
+    (
+        "<think>\nI need the weather first.\n</think>\n\n" + _call("get_weather", {"city": "Paris"}),
+        ["  Sunny, 21°C\n"],
+    ),
+    (
+        "<think>\nNow Tokyo, both at once.\n</think>\n\n"
+        + _call("get_time", {"tz": "Asia/Tokyo"})
+        + "\n"
+        + _call("get_weather", {"city": "Tokyo"}),
+        ["09:00", "\nRain 🌧\n\n"],
+    ),
     ("<think>\nAnd the time in Paris.\n</think>\n\n" + _call("get_time", {"tz": "Europe/Paris"}), ["02:00"]),
-    ("<think>\nBerlin too, to compare.\n</think>\n\nLet me also check Berlin.\n"
-     + _call("get_weather", {"city": "Berlin"}), ['{"temp": 18, "sky": "cloudy"}']),
-    ("<think>\nI have everything.\n</think>\n\nParis: sunny, 21°C, 02:00. Tokyo: rain, 09:00. Berlin: 18°C.", []),
+    (
+        "<think>\nBerlin too, to compare.\n</think>\n\nLet me also check Berlin.\n"
+        + _call("get_weather", {"city": "Berlin"}),
+        ['{"temp": 18, "sky": "cloudy"}'],
+    ),
+    (
+        "<think>\nI have everything.\n</think>\n\n"
+        "Paris: sunny, 21°C, 02:00. Tokyo: rain, 09:00. Berlin: 18°C.",
+        [],
+    ),
 ]
 
 
@@ -62,7 +97,7 @@ def _pieces(text: str) -> list[str]:
 def run_conversation(
     url: str, engine: FakeSGLang, tokenizer: Tokenizer, *, canonical: bool, echo_reasoning: bool
 ) -> tuple[list[dict[str, Any]], list[ScriptedOutput]]:
-    im_end = tokenizer.token_to_id("<|im_end|>")
+    im_end = token_id(tokenizer, "<|im_end|>")
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a weather agent."},
         {"role": "user", "content": "Weather and time in Paris and Tokyo?"},
@@ -70,7 +105,7 @@ def run_conversation(
     outputs = []
     with httpx.Client(base_url=url, timeout=30) as client:
         for text, results in TURNS:
-            outputs.append(engine.push(_ids(tokenizer, text, canonical=canonical) + [im_end]))
+            outputs.append(engine.push([*_ids(tokenizer, text, canonical=canonical), im_end]))
             reply = client.post(
                 "/sessions/agent-1/v1/chat/completions",
                 json={"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 512},
@@ -102,24 +137,28 @@ def _reference_render(qwen_dir: Path, messages: list[dict[str, Any]], reasoning:
     hf = AutoTokenizer.from_pretrained(str(qwen_dir))
     assistants = iter(reasoning)
     full = []
-    for message in messages:
-        message = dict(message)
+    for original in messages:
+        message = dict(original)
         if message["role"] == "assistant":
             message["reasoning_content"] = next(assistants)
             message["content"] = message.get("content") or ""
             for call in message.get("tool_calls") or []:
                 call["function"]["arguments"] = json.loads(call["function"]["arguments"])
         full.append(message)
-    ids: list[int] = hf.apply_chat_template(full, tools=TOOLS, tokenize=True, return_dict=False)
-    return ids
+    tools: list[dict[str, Any]] = list(TOOLS)
+    ids = hf.apply_chat_template(full, tools=tools, tokenize=True, return_dict=False)  # type: ignore[arg-type]
+    assert isinstance(ids, list)
+    assert all(isinstance(i, int) for i in ids)
+    return ids  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize("echo_reasoning", [True, False])
 def test_canonical_outputs_match_the_full_render_token_for_token(
     proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, qwen_dir: Path, echo_reasoning: bool
 ) -> None:
-    messages, outputs = run_conversation(proxy_url, engine, qwen_tokenizer, canonical=True,
-                                         echo_reasoning=echo_reasoning)
+    messages, outputs = run_conversation(
+        proxy_url, engine, qwen_tokenizer, canonical=True, echo_reasoning=echo_reasoning
+    )
     segment = _segment(proxy_url)
     assert_invariants(segment, engine.requests, outputs)
     reasoning = [text.split("</think>")[0].removeprefix("<think>\n").rstrip("\n") for text, _ in TURNS]
@@ -133,7 +172,9 @@ def test_canonical_outputs_match_the_full_render_token_for_token(
 def test_sampled_ids_are_kept_when_they_differ_from_a_retokenization(
     proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, qwen_dir: Path
 ) -> None:
-    messages, outputs = run_conversation(proxy_url, engine, qwen_tokenizer, canonical=False, echo_reasoning=False)
+    messages, outputs = run_conversation(
+        proxy_url, engine, qwen_tokenizer, canonical=False, echo_reasoning=False
+    )
     segment = _segment(proxy_url)
     assert_invariants(segment, engine.requests, outputs)
     reasoning = [text.split("</think>")[0].removeprefix("<think>\n").rstrip("\n") for text, _ in TURNS]

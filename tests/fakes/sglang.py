@@ -15,12 +15,35 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from tokenizers import Tokenizer
 
-SAMPLING_KEYS = frozenset({
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
-    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
-    "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed", "custom_params",
-})
+SAMPLING_KEYS = frozenset(
+    {
+        "max_new_tokens",
+        "stop",
+        "stop_token_ids",
+        "stop_regex",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "min_new_tokens",
+        "n",
+        "json_schema",
+        "regex",
+        "ebnf",
+        "structural_tag",
+        "ignore_eos",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "no_stop_trim",
+        "stream_interval",
+        "logit_bias",
+        "sampling_seed",
+        "custom_params",
+    }
+)
 
 
 @dataclass
@@ -54,13 +77,15 @@ class FakeSGLang:
         return scripted
 
     def _default_output(self) -> ScriptedOutput:
-        ids = self.tokenizer.encode("ok", add_special_tokens=False).ids + [self.eos_ids[0]]
+        ids = [*self.tokenizer.encode("ok", add_special_tokens=False).ids, self.eos_ids[0]]
         return ScriptedOutput(ids, [-0.5] * len(ids))
 
     def _sample(self, params: dict[str, Any]) -> tuple[list[int], list[float], dict[str, Any]]:
         with self._lock:
             scripted = self.script.popleft() if self.script else self._default_output()
-        stop_ids = set(params.get("stop_token_ids") or []) | (set() if params.get("ignore_eos") else set(self.eos_ids))
+        stop_ids = set(params.get("stop_token_ids") or []) | (
+            set() if params.get("ignore_eos") else set(self.eos_ids)
+        )
         stops = params.get("stop") or []
         stops = [stops] if isinstance(stops, str) else stops
         limit = params.get("max_new_tokens", 128)
@@ -85,21 +110,29 @@ class FakeSGLang:
         params = body.get("sampling_params") or {}
         unknown = sorted(set(params) - SAMPLING_KEYS)
         if unknown:
-            return JSONResponse({"error": f"unknown field {unknown[0]!r} in sampling_params"}, status_code=400)
+            return JSONResponse(
+                {"error": f"unknown field {unknown[0]!r} in sampling_params"}, status_code=400
+            )
         input_ids = body.get("input_ids")
         if not isinstance(input_ids, list) or not input_ids or not all(isinstance(i, int) for i in input_ids):
-            return JSONResponse({"error": {"message": "input_ids must be a non-empty list of ints"}}, status_code=400)
+            return JSONResponse(
+                {"error": {"message": "input_ids must be a non-empty list of ints"}}, status_code=400
+            )
         if max(input_ids) >= self.vocab_size or min(input_ids) < 0:
             # The real server's scheduler dies here; make the test fail loudly instead.
             self.crashed = True
-            return JSONResponse({"error": {"message": "token id out of vocabulary: server crashed"}}, status_code=500)
+            return JSONResponse(
+                {"error": {"message": "token id out of vocabulary: server crashed"}}, status_code=500
+            )
         temperature = params.get("temperature", 1.0)
         top_p = params.get("top_p", 1.0)
         if temperature < 0 or not 0 < top_p <= 1:
             return JSONResponse({"error": {"message": "invalid sampling parameters"}}, status_code=400)
         if len(input_ids) >= self.context_length:
-            message = (f"The input ({len(input_ids)} tokens) is longer than the model's context length "
-                       f"({self.context_length} tokens).")
+            message = (
+                f"The input ({len(input_ids)} tokens) is longer than the model's context length "
+                f"({self.context_length} tokens)."
+            )
             return JSONResponse({"error": {"message": message}}, status_code=400)
         max_new = params.get("max_new_tokens", 128)
         if max_new is not None and len(input_ids) + max_new > self.context_length:
@@ -110,26 +143,36 @@ class FakeSGLang:
         if max_new is None:
             params = {**params, "max_new_tokens": self.context_length - len(input_ids)}
         ids, logprobs, finish = self._sample(params)
-        text_ids = ids[:-1] if finish.get("type") == "stop" and isinstance(finish.get("matched"), int) else ids
-        return JSONResponse({
-            "text": self.tokenizer.decode(text_ids, skip_special_tokens=params.get("skip_special_tokens", True)),
-            "output_ids": ids,
-            "meta_info": {
-                "id": body.get("rid") or uuid.uuid4().hex,
-                "finish_reason": finish,
-                "prompt_tokens": len(input_ids),
-                "completion_tokens": len(ids),
-                "cached_tokens": 0,
-                "weight_version": self.weight_version,
-                "weight_versions": [{"version": self.weight_version, "start": 0, "end": len(ids)}],
-                "e2e_latency": 0.001,
-                "output_token_logprobs": [[lp, t, None] for t, lp in zip(ids, logprobs, strict=True)],
-            },
-        })
+        text_ids = (
+            ids[:-1] if finish.get("type") == "stop" and isinstance(finish.get("matched"), int) else ids
+        )
+        return JSONResponse(
+            {
+                "text": self.tokenizer.decode(
+                    text_ids, skip_special_tokens=params.get("skip_special_tokens", True)
+                ),
+                "output_ids": ids,
+                "meta_info": {
+                    "id": body.get("rid") or uuid.uuid4().hex,
+                    "finish_reason": finish,
+                    "prompt_tokens": len(input_ids),
+                    "completion_tokens": len(ids),
+                    "cached_tokens": 0,
+                    "weight_version": self.weight_version,
+                    "weight_versions": [{"version": self.weight_version, "start": 0, "end": len(ids)}],
+                    "e2e_latency": 0.001,
+                    "output_token_logprobs": [[lp, t, None] for t, lp in zip(ids, logprobs, strict=True)],
+                },
+            }
+        )
 
     async def models(self, _: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "max_model_len": self.context_length}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": self.model_name, "object": "model", "max_model_len": self.context_length}],
+            }
+        )
 
     async def model_info(self, _: Request) -> JSONResponse:
         return JSONResponse({"model_path": self.model_name, "weight_version": self.weight_version})
@@ -143,11 +186,13 @@ class FakeSGLang:
         return JSONResponse({})
 
     def app(self) -> Starlette:
-        return Starlette(routes=[
-            Route("/generate", self.generate, methods=["POST"]),
-            Route("/v1/models", self.models),
-            Route("/model_info", self.model_info),
-            Route("/health", self.health),
-            Route("/ready", self.health),
-            Route("/abort_request", self.abort, methods=["POST"]),
-        ])
+        return Starlette(
+            routes=[
+                Route("/generate", self.generate, methods=["POST"]),
+                Route("/v1/models", self.models),
+                Route("/model_info", self.model_info),
+                Route("/health", self.health),
+                Route("/ready", self.health),
+                Route("/abort_request", self.abort, methods=["POST"]),
+            ]
+        )
