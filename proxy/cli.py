@@ -1,4 +1,4 @@
-"""The `tito-proxy` command: serve, demo-model."""
+"""The `tito-proxy` command: serve, migrate, demo-model."""
 
 from __future__ import annotations
 
@@ -69,6 +69,19 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _migrate(args: argparse.Namespace) -> int:
+    from proxy.config import Settings
+    from proxy.store.database import upgrade_blocking
+
+    url = args.db or Settings.model_fields["db"].get_default()
+    if args.db is None:
+        import os
+
+        url = os.environ.get("TITO_DB", url)
+    upgrade_blocking(url)
+    return 0
+
+
 def _demo_model(args: argparse.Namespace) -> int:
     from proxy.demo_model import build_demo_model
 
@@ -81,12 +94,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tito-proxy", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    migrate = sub.add_parser("migrate", help="apply the database migrations and exit (serve does it too)")
+    migrate.add_argument("--db", help="SQLAlchemy URL (default: TITO_DB, else sqlite:///tito-proxy.db)")
     demo = sub.add_parser("demo-model", help="build a tiny random-weight Qwen3 model offline (needs [local])")
     demo.add_argument("directory", type=Path)
     demo.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "migrate":
+        return _migrate(args)
     return _demo_model(args)
 
 

@@ -45,13 +45,13 @@ def alembic_config(url: str) -> Config:
     return config
 
 
-def _upgrade_blocking(url: str) -> None:
+def upgrade_blocking(url: str) -> None:
     command.upgrade(alembic_config(url), "head")
 
 
 async def upgrade_to_head(url: str) -> None:
     """Apply every migration; run in a thread because env.py drives its own event loop."""
-    await asyncio.to_thread(_upgrade_blocking, url)
+    await asyncio.to_thread(upgrade_blocking, url)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -67,6 +68,16 @@ def test_serve_command_starts_migrates_and_answers(
         process.terminate()
         process.wait(timeout=30)
     assert (tmp_path / "cli.db").is_file()
+
+
+def test_migrate_command_builds_the_schema(tmp_path: Path) -> None:
+    db = tmp_path / "migrated.db"
+    subprocess.run(
+        [sys.executable, "-m", "proxy", "migrate", "--db", f"sqlite:///{db}"], check=True, timeout=60
+    )
+    with sqlite3.connect(db) as connection:
+        tables = {row[0] for row in connection.execute("select name from sqlite_master where type='table'")}
+    assert {"sessions", "segments", "calls"} <= tables
 
 
 def test_serve_without_a_tokenizer_explains_itself() -> None:

@@ -196,3 +196,34 @@ class FakeSGLang:
                 Route("/abort_request", self.abort, methods=["POST"]),
             ]
         )
+
+
+def main() -> None:
+    """Serve the stand-in on its own: `python -m tests.fakes.sglang --tokenizer DIR --port N --reply TEXT`."""
+    import argparse
+
+    import uvicorn
+
+    from tests.support import token_id
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--reply", default="ok", help="text sampled for every request, followed by EOS")
+    parser.add_argument("--context-length", type=int, default=131072)
+    args = parser.parse_args()
+    tokenizer = Tokenizer.from_file(f"{args.tokenizer}/tokenizer.json")
+    eos = token_id(tokenizer, "<|im_end|>")
+    fake = FakeSGLang(
+        tokenizer=tokenizer,
+        eos_ids=(eos,),
+        context_length=args.context_length,
+        vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
+    )
+    reply = [*tokenizer.encode(args.reply, add_special_tokens=False).ids, eos]
+    fake._default_output = lambda: ScriptedOutput(reply, [-0.25] * len(reply))  # type: ignore[method-assign]
+    uvicorn.run(fake.app(), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

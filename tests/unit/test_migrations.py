@@ -9,13 +9,13 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine
 
-from proxy.store.database import _upgrade_blocking
+from proxy.store.database import upgrade_blocking
 from proxy.store.models import Base
 
 
 def test_migrations_build_the_schema_from_empty_without_drift(tmp_path: Path) -> None:
     db = tmp_path / "fresh.db"
-    _upgrade_blocking(f"sqlite:///{db}")
+    upgrade_blocking(f"sqlite:///{db}")
     tables = {
         row[0] for row in sqlite3.connect(db).execute("select name from sqlite_master where type='table'")
     }
@@ -29,5 +29,5 @@ def test_migrations_build_the_schema_from_empty_without_drift(tmp_path: Path) ->
 
 def test_upgrade_is_idempotent(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'twice.db'}"
-    _upgrade_blocking(url)
-    _upgrade_blocking(url)
+    upgrade_blocking(url)
+    upgrade_blocking(url)
