@@ -50,10 +50,13 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
                 context_length = (await inference.info()).context_length
             except ProxyError as exc:
                 log.warning("engine info unavailable at start (%s); context length unchecked", exc.message)
+        verdict = renderer.verdict
         log.info(
-            "template close token %s (id %s); context length %s; engine %s",
-            renderer.profile.close_token,
-            renderer.profile.close_token_id,
+            "template self-test: closes %s, separator %r, appends %s, dated %s; context %s; engine %s",
+            sorted(verdict.close_tokens),
+            verdict.separator,
+            {kind: v.continues for kind, v in verdict.appends.items()},
+            verdict.date_dependent,
             context_length,
             inference.name,
         )
@@ -65,7 +68,11 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             db_sessions=db_sessions,
             renderer=renderer,
             turns=TurnRunner(
-                renderer=renderer, engine=inference, sessions=db_sessions, context_length=context_length
+                renderer=renderer,
+                engine=inference,
+                sessions=db_sessions,
+                context_length=context_length,
+                history_mode=settings.history_mode,
             ),
             model_name=settings.model_name,
             context_length=context_length,

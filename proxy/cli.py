@@ -1,4 +1,4 @@
-"""The `tito-proxy` command: serve, migrate, demo-model."""
+"""The `tito-proxy` command: serve, migrate, check-template, demo-model."""
 
 from __future__ import annotations
 
@@ -29,6 +29,14 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8000)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--history-mode",
+        choices=["exact", "template"],
+        help="exact: continue with the sampled tokens (default); template: a fresh render wins",
+    )
+    serve.add_argument(
+        "--drift-report", choices=["strict", "ignore_strippable", "disable"], help="default strict"
+    )
 
 
 def _settings_from(args: argparse.Namespace) -> Any:
@@ -46,6 +54,8 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "host",
         "port",
         "log_level",
+        "history_mode",
+        "drift_report",
     )
     given = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     return Settings(**given)
@@ -82,6 +92,22 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_template(args: argparse.Namespace) -> int:
+    import json
+
+    from proxy.chat.renderer import Renderer
+    from proxy.chat.tokenizer import load_tokenizer_files
+    from proxy.errors import ProxyError
+
+    try:
+        renderer = Renderer(load_tokenizer_files(args.tokenizer))
+    except ProxyError as exc:
+        print(f"tito-proxy check-template: {exc.message}", file=sys.stderr)
+        return 2
+    print(json.dumps(renderer.verdict.as_json(), indent=2))
+    return 0
+
+
 def _demo_model(args: argparse.Namespace) -> int:
     from proxy.demo_model import build_demo_model
 
@@ -96,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _serve_parser(sub)
     migrate = sub.add_parser("migrate", help="apply the database migrations and exit (serve does it too)")
     migrate.add_argument("--db", help="SQLAlchemy URL (default: TITO_DB, else sqlite:///tito-proxy.db)")
+    check = sub.add_parser("check-template", help="run the chat-template self-test and print its verdict")
+    check.add_argument("--tokenizer", type=Path, required=True)
     demo = sub.add_parser("demo-model", help="build a tiny random-weight Qwen3 model offline (needs [local])")
     demo.add_argument("directory", type=Path)
     demo.add_argument("--seed", type=int, default=0)
@@ -104,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "migrate":
         return _migrate(args)
+    if args.command == "check-template":
+        return _check_template(args)
     return _demo_model(args)
 
 

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # exact: continue with the sampled tokens; template: a fresh render wins whenever they differ.
+    history_mode: Literal["exact", "template"] = "exact"
+    drift_report: Literal["strict", "ignore_strippable", "disable"] = "strict"
 
     @model_validator(mode="after")
     def _tokenizer_source(self) -> Settings:

@@ -77,6 +77,7 @@ class TurnRunner:
         engine: Engine,
         sessions: async_sessionmaker[DbSession],
         context_length: int | None,
+        history_mode: str = "exact",
         contexts: ContextCache | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -84,6 +85,7 @@ class TurnRunner:
         self.engine = engine
         self.sessions = sessions
         self.context_length = context_length
+        self.history_mode = history_mode
         self.contexts = contexts or ContextCache()
         self._clock = clock
 
@@ -185,11 +187,14 @@ class TurnRunner:
         appended: Sequence[Message],
         template_now: datetime,
     ) -> PromptPlan:
+        continued: PromptPlan | None = None
         if parent is not None:
             try:
-                return await self._continue(repo, request, parent, appended, template_now)
+                continued = await self._continue(repo, request, parent, appended, template_now)
             except DeltaUnavailable as exc:
-                log.info("session %s: new segment, delta unavailable: %s", parent.session_id, exc)
+                log.info("session %s: new segment: %s", parent.session_id, exc)
+        if continued is not None and self.history_mode == "exact":
+            return continued
         prompt = np.asarray(
             self.renderer.render_prompt(
                 request.messages,
@@ -199,6 +204,8 @@ class TurnRunner:
             ),
             dtype=np.int32,
         )
+        if continued is not None and np.array_equal(continued.prompt, prompt):
+            return continued  # template mode: the stream is exactly what a fresh render gives
         return PromptPlan(prompt=prompt, added=prompt, parent=None, boundary_edits=[])
 
     async def _continue(
@@ -209,6 +216,10 @@ class TurnRunner:
         appended: Sequence[Message],
         template_now: datetime,
     ) -> PromptPlan:
+        verdict = self.renderer.verdict
+        refused = sorted({m["role"] for m in appended if not verdict.continues(m["role"])})
+        if refused:
+            raise DeltaUnavailable(f"the template self-test did not prove {', '.join(refused)} appends safe")
         delta = self.renderer.render_delta(
             parent.response_message,
             appended,
@@ -222,13 +233,32 @@ class TurnRunner:
             self.contexts.put(parent.id, context)
         edits: list[dict[str, Any]] = []
         added: list[int] = []
-        close = self.renderer.profile.close_token_id
-        if close is not None and (len(context) == 0 or int(context[-1]) != close):
+        close = self.renderer.token_id(delta.close)
+        last = int(context[-1])
+        if close is None:
+            raise DeltaUnavailable(f"close token {delta.close!r} is not in the vocabulary")
+        if last == close:
+            pass
+        elif last in self.renderer.close_token_ids:
+            if verdict.opener_close:
+                # GLM: the sampled stop token opens the next message; it must be the one that follows.
+                raise DeltaUnavailable("the turn ended with another opener than the appended message's")
+            # A sampled close the template writes differently in history (<|return|> for <|end|>):
+            # kept as sampled (decision 4), its position named.
+            edits.append(
+                {
+                    "kind": "stop_token_rewrite",
+                    "position": len(context) - 1,
+                    "sampled": last,
+                    "rendered": close,
+                }
+            )
+        else:
             # The turn ended without its close (length, stop string, another stop token): the template
             # expects one, so it is synthesized with mask 0 (decision 3).
             edits.append({"kind": "truncation_close_synthesized", "position": len(context), "token": close})
             added.append(close)
-        added.extend(delta)
+        added.extend(delta.ids)
         added_ids = np.asarray(added, dtype=np.int32)
         return PromptPlan(
             prompt=np.concatenate([context, added_ids]), added=added_ids, parent=parent, boundary_edits=edits

@@ -67,14 +67,13 @@ async def chat_completions(
 ) -> dict[str, Any]:
     session_id, _ = session
     body.check_supported()
-    close = state.renderer.profile.close_token_id
     request = TurnRequest(
         messages=[m.as_plain() for m in body.messages],
         tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
         template_kwargs=body.chat_template_kwargs or None,
         sampling=_sampling(
             body,
-            stop_token_ids=(close,) if close is not None else (),
+            stop_token_ids=state.renderer.stop_token_ids,
             seed_honoured=state.engine.name == "local",
         ),
         max_tokens_requested=body.requested_max_tokens,
@@ -83,6 +82,12 @@ async def chat_completions(
     result = await state.turns.run(session_id, request)
     response.headers["X-Session-Id"] = session_id
     return _completion_body(result, body.model)
+
+
+@router.get("/template")
+async def template_report(state: StateDep) -> dict[str, Any]:
+    """The start-up self-test's verdict on the served chat template."""
+    return state.renderer.verdict.as_json()
 
 
 @router.get("/models")

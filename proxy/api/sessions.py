@@ -19,7 +19,15 @@ async def trajectory(session_id: str, state: StateDep) -> dict[str, Any]:
     check_session_id(session_id)
     async with state.db_sessions() as db:
         repo = Repository(db)
-        if await repo.get_session(session_id) is None:
+        session = await repo.get_session(session_id)
+        if session is None:
             raise NotFound(f"no session {session_id!r}", param="session_id")
         calls = await repo.session_calls(session_id)
-    return {"session_id": session_id, "segments": [t.as_json() for t in build_trajectories(calls)]}
+    trajectories = build_trajectories(
+        calls,
+        renderer=state.renderer,
+        drift_mode=state.settings.drift_report,
+        template_now=session.template_now,
+        session_id=session_id,
+    )
+    return {"session_id": session_id, "segments": [t.as_json() for t in trajectories]}

@@ -21,8 +21,9 @@ def parse_arguments(arguments: Any) -> Any:
     return arguments
 
 
-def for_template(message: Mapping[str, Any]) -> Message:
-    """The message as chat templates expect it (arguments as objects, as SGLang and vLLM pass them)."""
+def for_template(message: Mapping[str, Any], *, arguments_as: str = "object") -> Message:
+    """The message as chat templates expect it: arguments as objects, as SGLang and vLLM pass them,
+    unless the probe found that the template concatenates them as text (DeepSeek)."""
     out = dict(message)
     if out.get("role") == "assistant" and out.get("content") is None:
         # "" and None are the same message (decision 2); templates such as Qwen3 fail on a missing content.
@@ -35,12 +36,18 @@ def for_template(message: Mapping[str, Any]) -> Message:
                 "type": "function",
                 "function": {
                     "name": call["function"]["name"],
-                    "arguments": parse_arguments(call["function"].get("arguments")),
+                    "arguments": parse_arguments(call["function"].get("arguments"))
+                    if arguments_as == "object"
+                    else _arguments_text(call["function"].get("arguments")),
                 },
             }
             for call in calls
         ]
     return out
+
+
+def _arguments_text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
 
 
 def _canonical_call(call: Mapping[str, Any]) -> list[Any]:

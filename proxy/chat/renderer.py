@@ -4,6 +4,7 @@ The delta of messages appended after an assistant turn is computed in a constant
 (a fixed system + user base and an assistant stub), so it never depends on the real history, whose
 earlier turns the template may rewrite (stripped reasoning, dates, tool lists). The delta is cut
 after the stub's close token, and only after checking at token level that the cut is a true prefix.
+What the served template allows is decided once by the start-up probe (proxy/chat/probe.py).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from proxy.chat.messages import Message, for_template
+from proxy.chat.probe import TemplateProbe, TemplateVerdict
 from proxy.chat.template import ChatTemplate
 from proxy.chat.tokenizer import TokenizerFiles
 
@@ -21,7 +23,7 @@ BASE_SYSTEM = "You are a helpful assistant."
 BASE_USER = "Hello."
 # Distinctive text so that the stub is found in a render; never sent to the engine.
 STUB_CONTENT = "tito-proxy fixed-base stub reply"
-# Non-empty: templates like Qwen3 render a reasoning-free last assistant differently from an earlier one.
+# Non-empty: templates like Qwen3 render a reasoning-free assistant differently when it is last.
 STUB_REASONING = "tito-proxy fixed-base stub reasoning"
 
 
@@ -30,11 +32,9 @@ class DeltaUnavailable(Exception):
 
 
 @dataclass(frozen=True)
-class TemplateProfile:
-    """What a probe of the served template found out, once, at start-up."""
-
-    close_token_id: int | None
-    close_token: str | None
+class Delta:
+    ids: list[int]
+    close: str  # the close token that precedes the delta in a render
 
 
 class Renderer:
@@ -44,8 +44,28 @@ class Renderer:
         self.files = files
         self.tokenizer = files.tokenizer
         self.template = ChatTemplate(files.chat_template, files.special_tokens)
-        self._added_ids = {int(i) for i in self.tokenizer.get_added_tokens_decoder()}
-        self.profile = self._probe()
+        decoder = self.tokenizer.get_added_tokens_decoder()
+        self.special_ids = frozenset(int(i) for i, token in decoder.items() if token.special)
+        self._special_texts = sorted(
+            (str(t.content) for t in decoder.values() if t.special), key=len, reverse=True
+        )
+        self.arguments_as: Literal["object", "string"] = "object"
+        self.verdict: TemplateVerdict = TemplateProbe(self).run()
+
+    @property
+    def close_token_ids(self) -> frozenset[int]:
+        ids = (self.token_id(text) for text in self.verdict.close_tokens)
+        return frozenset(i for i in ids if i is not None)
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """What the engine must stop on: every close the probe found, and EOS."""
+        stops = set(self.close_token_ids)
+        eos = self.files.special_tokens.get("eos_token")
+        eos_id = self.token_id(eos) if eos else None
+        if eos_id is not None:
+            stops.add(eos_id)
+        return tuple(sorted(stops))
 
     @property
     def vocab_size(self) -> int:
@@ -57,26 +77,33 @@ class Renderer:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
 
-    def token_text(self, token_id: int) -> str | None:
-        text = self.tokenizer.id_to_token(token_id)
-        return str(text) if text is not None else None
-
     def token_id(self, text: str) -> int | None:
         found = self.tokenizer.token_to_id(text)
         return int(found) if found is not None else None
 
-    def _probe(self) -> TemplateProfile:
-        messages: list[Message] = [
-            {"role": "system", "content": BASE_SYSTEM},
-            {"role": "user", "content": BASE_USER},
-            {"role": "assistant", "content": STUB_CONTENT},
-        ]
-        text = self.template.render(messages)
-        stub_at = text.rfind(STUB_CONTENT)
-        ids = self.encode(text[stub_at + len(STUB_CONTENT) :]) if stub_at >= 0 else []
-        close = next((t for t in ids if t in self._added_ids), None)
-        return TemplateProfile(
-            close_token_id=close, close_token=self.token_text(close) if close is not None else None
+    def first_special_after(self, text: str, start: int) -> tuple[int, str] | None:
+        best: tuple[int, str] | None = None
+        for special in self._special_texts:
+            at = text.find(special, start)
+            if at >= 0 and (best is None or at < best[0]):
+                best = (at, special)
+        return best
+
+    def render_text(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
+        now: datetime | None = None,
+    ) -> str:
+        return self.template.render(
+            [for_template(m, arguments_as=self.arguments_as) for m in messages],
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            template_kwargs=template_kwargs,
+            now=now,
         )
 
     def render_prompt(
@@ -86,12 +113,13 @@ class Renderer:
         tools: Sequence[Mapping[str, Any]] | None,
         template_kwargs: Mapping[str, Any] | None,
         now: datetime | None,
+        add_generation_prompt: bool = True,
     ) -> list[int]:
-        """The full render of a conversation with the generation prompt: a new segment's first prompt."""
-        text = self.template.render(
-            [for_template(m) for m in messages],
+        """The full render of a conversation: a new segment's first prompt."""
+        text = self.render_text(
+            messages,
             tools=tools,
-            add_generation_prompt=True,
+            add_generation_prompt=add_generation_prompt,
             template_kwargs=template_kwargs,
             now=now,
         )
@@ -105,12 +133,11 @@ class Renderer:
         tools: Sequence[Mapping[str, Any]] | None,
         template_kwargs: Mapping[str, Any] | None,
         now: datetime | None,
-    ) -> list[int]:
-        """Ids the template puts after an assistant turn's close for `appended`, plus the generation
-        prompt."""
-        close = self.profile.close_token
-        if close is None:
-            raise DeltaUnavailable("the template has no assistant close token")
+    ) -> Delta:
+        """Ids a render puts after an assistant turn's close for `appended`, and the generation prompt."""
+        closes = self.verdict.close_tokens
+        if not closes:
+            raise DeltaUnavailable("the template has no token that closes an assistant turn")
         stub: Message = {"role": "assistant", "content": STUB_CONTENT, "reasoning_content": STUB_REASONING}
         if previous_assistant.get("tool_calls"):
             # Tool results may be rendered with the calls' names (gpt-oss, Llama): keep the real calls.
@@ -121,19 +148,19 @@ class Renderer:
             stub,
             *appended,
         ]
-        text = self.template.render(
-            [for_template(m) for m in context],
-            tools=tools,
-            add_generation_prompt=True,
-            template_kwargs=template_kwargs,
-            now=now,
+        text = self.render_text(
+            context, tools=tools, add_generation_prompt=True, template_kwargs=template_kwargs, now=now
         )
         stub_at = text.find(STUB_CONTENT)
-        close_at = text.find(close, stub_at) if stub_at >= 0 else -1
-        if close_at < 0:
-            raise DeltaUnavailable("the assistant stub or its close is missing from the fixed-base render")
+        if stub_at < 0:
+            raise DeltaUnavailable("the assistant stub is missing from the fixed-base render")
+        start = stub_at + len(STUB_CONTENT)
+        ends = [(at, close) for close in closes if (at := text.find(close, start)) >= 0]
+        if not ends:
+            raise DeltaUnavailable("no close token after the stub in the fixed-base render")
+        close_at, close = min(ends)
         head_ids = self.encode(text[: close_at + len(close)])
         full_ids = self.encode(text)
-        if full_ids[: len(head_ids)] != head_ids or head_ids[-1:] != [self.profile.close_token_id]:
+        if full_ids[: len(head_ids)] != head_ids:
             raise DeltaUnavailable("the fixed-base render is not a token prefix at the stub's close")
-        return full_ids[len(head_ids) :]
+        return Delta(ids=full_ids[len(head_ids) :], close=close)

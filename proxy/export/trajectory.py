@@ -3,41 +3,50 @@
 Per segment path: prompt_ids are the first call's prompt; response_ids interleave each call's
 sampled output (loss mask 1, the engine's logprobs) with the ids the next call added (observation,
 separator, generation prompt, synthesized close: mask 0, logprob 0.0). The prompt sent to the
-engine for call k is always prompt_ids + response_ids[:offset_k] (invariant I6).
+engine for call k is always prompt_ids + response_ids[:offset_k] (invariant I6). Each trajectory
+carries a drift report against a fresh render of its messages.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
+from proxy.chat.renderer import Renderer
+from proxy.errors import TemplateError
+from proxy.export.drift import DriftClassifier, DriftMode, StreamFacts, report
 from proxy.store.codec import unpack_ids, unpack_logprobs
 from proxy.store.models import CallRow
+
+log = logging.getLogger("tito_proxy.export")
 
 
 @dataclass(frozen=True)
 class SegmentTrajectory:
     segment_id: int
-    call_ids: list[int]
+    calls: list[CallRow]
     prompt_ids: list[int]
     response_ids: list[int]
     loss_mask: list[int]
     rollout_logprobs: list[float]
-    finish_reasons: list[str]
     boundary_edits: list[dict[str, Any]]
+    drift: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {
             "segment_id": self.segment_id,
-            "call_ids": self.call_ids,
-            "num_calls": len(self.call_ids),
+            "call_ids": [c.id for c in self.calls],
+            "num_calls": len(self.calls),
             "prompt_ids": self.prompt_ids,
             "response_ids": self.response_ids,
             "loss_mask": self.loss_mask,
             "rollout_logprobs": self.rollout_logprobs,
-            "finish_reasons": self.finish_reasons,
+            "finish_reasons": [c.finish_reason for c in self.calls],
             "boundary_edits": self.boundary_edits,
+            "drift": self.drift,
         }
 
 
@@ -48,7 +57,69 @@ def _path(leaf: CallRow, by_id: dict[int, CallRow]) -> list[CallRow]:
     return chain[::-1]
 
 
-def build_trajectories(calls: Sequence[CallRow]) -> list[SegmentTrajectory]:
+def _assemble(chain: list[CallRow]) -> SegmentTrajectory:
+    prompt = unpack_ids(chain[0].prompt_added).tolist()
+    response: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    edits: list[dict[str, Any]] = []
+    for index, call in enumerate(chain):
+        if index > 0:
+            added = unpack_ids(call.prompt_added).tolist()
+            # Edits are recorded at stream positions; trainers index the response.
+            edits.extend(
+                {**edit, "call_id": call.id, "position": edit["position"] - len(prompt)}
+                for edit in call.boundary_edits
+            )
+            response.extend(added)
+            mask.extend([0] * len(added))
+            logprobs.extend([0.0] * len(added))
+        output = unpack_ids(call.output_ids).tolist()
+        response.extend(output)
+        mask.extend([1] * len(output))
+        logprobs.extend(unpack_logprobs(call.output_logprobs))
+    return SegmentTrajectory(chain[-1].segment_id, chain, prompt, response, mask, logprobs, edits)
+
+
+def drift_report(
+    trajectory: SegmentTrajectory, renderer: Renderer, mode: DriftMode, template_now: datetime
+) -> dict[str, Any]:
+    last = trajectory.calls[-1]
+    messages = [*last.request["messages"], last.response_message]
+    try:
+        render = renderer.render_prompt(
+            messages,
+            tools=last.request.get("tools"),
+            template_kwargs=last.request.get("chat_template_kwargs"),
+            now=template_now,
+            add_generation_prompt=False,
+        )
+    except TemplateError as exc:
+        return {"mode": mode, "error": exc.message}
+    prompt_len = len(trajectory.prompt_ids)
+    synthesized = frozenset(
+        e["position"] + prompt_len
+        for e in trajectory.boundary_edits
+        if e["kind"] == "truncation_close_synthesized"
+    )
+    facts = StreamFacts(
+        ids=trajectory.prompt_ids + trajectory.response_ids,
+        sampled=[False] * prompt_len + [m == 1 for m in trajectory.loss_mask],
+        synthesized=synthesized,
+        close_ids=renderer.close_token_ids,
+    )
+    differences = DriftClassifier(renderer.decode, renderer.special_ids).compare(facts, render)
+    return report(differences, mode, prompt_len)
+
+
+def build_trajectories(
+    calls: Sequence[CallRow],
+    *,
+    renderer: Renderer | None = None,
+    drift_mode: DriftMode = "disable",
+    template_now: datetime | None = None,
+    session_id: str = "",
+) -> list[SegmentTrajectory]:
     """One trajectory per leaf of every segment, in recording order. Aborted calls are left out."""
     done = [c for c in calls if c.status == "ok"]
     by_id = {c.id: c for c in done}
@@ -57,37 +128,26 @@ def build_trajectories(calls: Sequence[CallRow]) -> list[SegmentTrajectory]:
     for leaf in done:
         if leaf.id in has_child:
             continue
-        chain = _path(leaf, by_id)
-        prompt = unpack_ids(chain[0].prompt_added).tolist()
-        response: list[int] = []
-        mask: list[int] = []
-        logprobs: list[float] = []
-        edits: list[dict[str, Any]] = []
-        for index, call in enumerate(chain):
-            if index > 0:
-                added = unpack_ids(call.prompt_added).tolist()
-                # Edits are recorded at stream positions; trainers index the response.
-                edits.extend(
-                    {**edit, "call_id": call.id, "position": edit["position"] - len(prompt)}
-                    for edit in call.boundary_edits
-                )
-                response.extend(added)
-                mask.extend([0] * len(added))
-                logprobs.extend([0.0] * len(added))
-            output = unpack_ids(call.output_ids).tolist()
-            response.extend(output)
-            mask.extend([1] * len(output))
-            logprobs.extend(unpack_logprobs(call.output_logprobs))
-        trajectories.append(
-            SegmentTrajectory(
-                segment_id=leaf.segment_id,
-                call_ids=[c.id for c in chain],
-                prompt_ids=prompt,
-                response_ids=response,
-                loss_mask=mask,
-                rollout_logprobs=logprobs,
-                finish_reasons=[c.finish_reason for c in chain],
-                boundary_edits=edits,
-            )
-        )
+        trajectory = _assemble(_path(leaf, by_id))
+        if renderer is not None and drift_mode != "disable" and template_now is not None:
+            drift = drift_report(trajectory, renderer, drift_mode, template_now)
+            trajectory = SegmentTrajectory(**{**trajectory.__dict__, "drift": drift})
+            _log_drift(session_id, trajectory)
+        trajectories.append(trajectory)
     return trajectories
+
+
+def _log_drift(session_id: str, trajectory: SegmentTrajectory) -> None:
+    drift = trajectory.drift
+    if drift.get("counts"):
+        log.info("session %s segment %s drift %s", session_id, trajectory.segment_id, drift["counts"])
+    for difference in drift.get("differences", []):
+        if not difference["allowed"]:
+            log.warning(
+                "session %s segment %s: unclassified drift at stream position %s: %r vs %r",
+                session_id,
+                trajectory.segment_id,
+                difference["position"],
+                difference["stream_text"][:80],
+                difference["render_text"][:80],
+            )

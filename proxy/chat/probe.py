@@ -1,0 +1,195 @@
+"""The start-up self-test of the served chat template.
+
+Small probe conversations are rendered once to find out which special tokens close an assistant
+turn (per kind of message that follows: GLM closes a turn with the next message's opener), the
+separator after a close, BOS handling, whether the template reads the date, how tool-call arguments
+must be passed, and, for user, tool and system appends, whether the fixed-base delta equals what a
+full render puts after the last assistant turn in several real contexts and holds the appended
+text. An append kind that is not proven safe starts a new segment with a fresh render.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from proxy.chat.messages import Message
+from proxy.errors import TemplateError
+
+if TYPE_CHECKING:
+    from proxy.chat.renderer import Renderer
+
+AppendKind = Literal["user", "tool", "system"]
+APPEND_KINDS: tuple[AppendKind, ...] = ("user", "tool", "system")
+ANSWER = "Probe answer."
+_PINNED = datetime(2025, 1, 15, 12, 0)
+
+
+@dataclass(frozen=True)
+class AppendVerdict:
+    continues: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class TemplateVerdict:
+    """What the probe proved about the served template; exposed at GET /v1/template."""
+
+    arguments_as: Literal["object", "string"]
+    close_by_append: dict[str, str | None]
+    last_turn_close: str | None
+    opener_close: bool
+    separator: str | None
+    bos_token: str | None
+    template_emits_bos: bool
+    date_dependent: bool
+    appends: dict[str, AppendVerdict]
+
+    @property
+    def close_tokens(self) -> frozenset[str]:
+        """Every token that may end an assistant turn, in a render or in a sample."""
+        found = {c for c in self.close_by_append.values() if c is not None}
+        if self.last_turn_close is not None:
+            found.add(self.last_turn_close)
+        return frozenset(found)
+
+    def continues(self, kind: str) -> bool:
+        verdict = self.appends.get(kind)
+        return verdict is not None and verdict.continues
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "close_tokens": sorted(self.close_tokens)}
+
+
+def _tool_call(call_id: str) -> dict[str, Any]:
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "get_probe_value", "arguments": '{"key": "v"}'},
+    }
+
+
+def conversation(*, system: bool, tool_cycle: bool, call: bool) -> list[Message]:
+    messages: list[Message] = []
+    if system:
+        messages.append({"role": "system", "content": "Probe system prompt."})
+    messages.append({"role": "user", "content": "Probe question?"})
+    if tool_cycle:
+        messages.append(
+            {"role": "assistant", "content": "Probe earlier.", "tool_calls": [_tool_call("call_p0")]}
+        )
+        messages.append({"role": "tool", "tool_call_id": "call_p0", "content": "Probe earlier result."})
+    last: Message = {"role": "assistant", "content": ANSWER}
+    if call:
+        last["tool_calls"] = [_tool_call("call_p1")]
+    messages.append(last)
+    return messages
+
+
+def appended(kind: AppendKind) -> list[Message]:
+    if kind == "tool":
+        return [{"role": "tool", "tool_call_id": "call_p1", "content": "Probe appended tool result."}]
+    if kind == "user":
+        return [{"role": "user", "content": "Probe appended question?"}]
+    return [{"role": "system", "content": "Probe appended system note."}]
+
+
+class TemplateProbe:
+    def __init__(self, renderer: Renderer) -> None:
+        self.renderer = renderer
+
+    def _text(self, messages: list[Message], **kwargs: Any) -> str | None:
+        try:
+            return self.renderer.render_text(messages, **kwargs)
+        except TemplateError:
+            return None
+
+    def _close_after_answer(self, messages: list[Message]) -> str | None:
+        text = self._text(messages)
+        if text is None:
+            return None
+        found = self.renderer.first_special_after(text, text.rfind(ANSWER) + len(ANSWER))
+        return found[1] if found else None
+
+    def _arguments_format(self) -> Literal["object", "string"]:
+        self.renderer.arguments_as = "object"
+        text = self._text(conversation(system=True, tool_cycle=False, call=True))
+        # Templates that concatenate arguments as text (DeepSeek) fail on, or print, a mapping.
+        return "object" if text is not None and "{'key'" not in text else "string"
+
+    def run(self) -> TemplateVerdict:
+        self.renderer.arguments_as = self._arguments_format()
+        base = conversation(system=True, tool_cycle=False, call=False)
+        close_by_append: dict[str, str | None] = {
+            kind: self._close_after_answer([*base, *appended(kind)]) for kind in APPEND_KINDS
+        }
+        closes = {c for c in close_by_append.values() if c is not None}
+        separator = None
+        user_close = close_by_append["user"]
+        user_text = self._text([*base, *appended("user")])
+        if user_text is not None and user_close is not None:
+            close_at = user_text.find(user_close, user_text.rfind(ANSWER)) + len(user_close)
+            following = self.renderer.first_special_after(user_text, close_at)
+            separator = user_text[close_at : following[0]] if following else None
+        rendered = self._text(base) or ""
+        bos = self.renderer.files.special_tokens.get("bos_token")
+        verdict = TemplateVerdict(
+            arguments_as=self.renderer.arguments_as,
+            close_by_append=close_by_append,
+            last_turn_close=self._close_after_answer(base),
+            opener_close=len(closes) > 1,
+            separator=separator,
+            bos_token=bos,
+            template_emits_bos=bool(bos) and rendered.startswith(bos or "\0"),
+            date_dependent=self._text(base, now=datetime(2024, 1, 2))
+            != self._text(base, now=datetime(2025, 7, 8)),
+            appends={},
+        )
+        self.renderer.verdict = verdict
+        appends = {kind: self._check_append(kind) for kind in APPEND_KINDS}
+        return TemplateVerdict(**{**verdict.__dict__, "appends": appends})
+
+    def _check_append(self, kind: AppendKind) -> AppendVerdict:
+        from proxy.chat.renderer import DeltaUnavailable
+
+        call = kind == "tool"
+        contexts = [
+            conversation(system=True, tool_cycle=False, call=call),
+            conversation(system=True, tool_cycle=True, call=call),
+            conversation(system=False, tool_cycle=False, call=call),
+        ]
+        new = appended(kind)
+        for context in contexts:
+            text = self._text([*context, *new], add_generation_prompt=True, now=_PINNED)
+            if text is None:
+                return AppendVerdict(False, f"the template refuses a {kind} message after an assistant turn")
+            closes = self.renderer.verdict.close_tokens
+            start = text.rfind(ANSWER) + len(ANSWER)
+            ends = [(text.find(c, start), c) for c in closes if text.find(c, start) >= 0]
+            if not ends:
+                return AppendVerdict(False, "no close token after the assistant turn in a full render")
+            close_at, close = min(ends)
+            head = self.renderer.encode(text[: close_at + len(close)])
+            full = self.renderer.encode(text)
+            if full[: len(head)] != head:
+                return AppendVerdict(False, "the render is not a token prefix at the assistant's close")
+            try:
+                delta = self.renderer.render_delta(
+                    context[-1], new, tools=None, template_kwargs=None, now=_PINNED
+                )
+            except DeltaUnavailable as exc:
+                return AppendVerdict(False, str(exc))
+            if delta.ids != full[len(head) :]:
+                return AppendVerdict(
+                    False,
+                    f"a full render puts other tokens after the assistant turn than the fixed-base delta "
+                    f"when a {kind} message follows (the template rewrites earlier turns or moves messages)",
+                )
+            if new[0]["content"] not in self.renderer.decode(delta.ids):
+                return AppendVerdict(
+                    False, f"the appended {kind} message is rendered elsewhere than after the turn"
+                )
+        return AppendVerdict(
+            True, "the fixed-base delta equals the tail of full renders in every probe context"
+        )

@@ -1,0 +1,164 @@
+"""Where a recorded token stream differs from a fresh chat-template render of the same messages.
+
+Both sequences are cut at special tokens and aligned piece by piece; every differing region is
+classified with a kind of chat-templates.md section 5 and the stream position where it starts.
+Kinds outside that list mean a bug (differences in non-assistant text or special-token structure)
+and are reported as `unclassified`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+DriftMode = Literal["strict", "ignore_strippable", "disable"]
+
+ALLOWED_KINDS = frozenset(
+    {
+        "separator_inserted",
+        "final_separator_absent",
+        "assistant_bpe",
+        "gen_prompt_merge",
+        "assistant_canonicalization",
+        "history_reasoning_stripped",
+        "think_wrapper",
+        "stop_token_rewrite",
+        "truncation_close_synthesized",
+        "date_changed",
+    }
+)
+_DATE = re.compile(r"\d{1,4}[-/ ]\w{2,9}[-/ ]\d{2,4}")
+_EMPTY_THINK = re.compile(r"^\s*<think>\s*</think>\s*")
+
+
+@dataclass(frozen=True)
+class Difference:
+    kind: str
+    position: int  # index in the stream (prompt + response) where the difference starts
+    stream_text: str
+    render_text: str
+    whitespace_only: bool
+
+    @property
+    def allowed(self) -> bool:
+        return self.kind in ALLOWED_KINDS
+
+    def as_json(self, prompt_len: int) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "allowed": self.allowed,
+            "position": self.position,
+            "response_position": self.position - prompt_len,
+            "stream_text": self.stream_text[:200],
+            "render_text": self.render_text[:200],
+            "whitespace_only": self.whitespace_only,
+        }
+
+
+@dataclass(frozen=True)
+class StreamFacts:
+    """What the recorder knows about each stream position."""
+
+    ids: Sequence[int]
+    sampled: Sequence[bool]  # True where the engine produced the token (loss mask 1)
+    synthesized: frozenset[int]  # positions of synthesized closes
+    close_ids: frozenset[int]
+
+
+def _pieces(ids: Sequence[int], specials: frozenset[int]) -> list[tuple[int, int]]:
+    """(start, end) spans: each special token alone, each run of ordinary tokens together."""
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for index, token in enumerate(ids):
+        if token in specials:
+            if start < index:
+                spans.append((start, index))
+            spans.append((index, index + 1))
+            start = index + 1
+    if start < len(ids):
+        spans.append((start, len(ids)))
+    return spans
+
+
+def _whitespace_only(a: str, b: str) -> bool:
+    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    for op, a0, a1, b0, b1 in matcher.get_opcodes():
+        if op != "equal" and (a[a0:a1].strip() or b[b0:b1].strip()):
+            return False
+    return True
+
+
+class DriftClassifier:
+    def __init__(self, decode: Any, specials: frozenset[int]) -> None:
+        self._decode = decode
+        self._specials = specials
+
+    def compare(self, stream: StreamFacts, render: Sequence[int]) -> list[Difference]:
+        s_spans = _pieces(stream.ids, self._specials)
+        r_spans = _pieces(render, self._specials)
+        s_keys = [tuple(stream.ids[a:b]) for a, b in s_spans]
+        r_keys = [tuple(render[a:b]) for a, b in r_spans]
+        matcher = difflib.SequenceMatcher(a=s_keys, b=r_keys, autojunk=False)
+        differences = []
+        for op, i0, i1, j0, j1 in matcher.get_opcodes():
+            if op == "equal":
+                continue
+            s0 = s_spans[i0][0] if i0 < len(s_spans) else len(stream.ids)
+            s1 = s_spans[i1 - 1][1] if i1 > i0 else s0
+            r0 = r_spans[j0][0] if j0 < len(r_spans) else len(render)
+            r1 = r_spans[j1 - 1][1] if j1 > j0 else r0
+            differences.append(self._classify(stream, render, (s0, s1), (r0, r1)))
+        return differences
+
+    def _classify(
+        self, stream: StreamFacts, render: Sequence[int], span: tuple[int, int], render_span: tuple[int, int]
+    ) -> Difference:
+        (s0, s1), (r0, r1) = span, render_span
+        s_ids, r_ids = list(stream.ids[s0:s1]), list(render[r0:r1])
+        common = 0
+        while common < min(len(s_ids), len(r_ids)) and s_ids[common] == r_ids[common]:
+            common += 1
+        s_text, r_text = self._decode(s_ids), self._decode(r_ids)
+        whitespace = _whitespace_only(s_text, r_text)
+        sampled = [stream.sampled[i] for i in range(s0, s1)]
+
+        def diff(kind: str) -> Difference:
+            return Difference(kind, s0 + common, s_text, r_text, whitespace)
+
+        if s0 == s1 == len(stream.ids) and r1 == len(render):
+            # After the last sampled close, a render may add a separator (and an EOS, as Phi-3 does).
+            tail_ok = all(t in self._specials or not self._decode([t]).strip() for t in r_ids)
+            return diff("final_separator_absent" if tail_ok else "unclassified")
+        if s1 > s0 and all(i in stream.synthesized for i in range(s0, s1)) and not r_ids:
+            return diff("truncation_close_synthesized")
+        if len(s_ids) == 1 == len(r_ids) and s_ids[0] in stream.close_ids and r_ids[0] in stream.close_ids:
+            return diff("stop_token_rewrite")
+        if any(sampled):
+            if s_text == r_text:
+                return diff("assistant_bpe" if all(sampled) else "gen_prompt_merge")
+            wrapper = _EMPTY_THINK.match(s_text)
+            if wrapper and s_text[wrapper.end() :].strip() == r_text.strip():
+                return diff("think_wrapper")
+            if "</think>" in s_text and "</think>" not in r_text:
+                return diff("history_reasoning_stripped")
+            return diff("assistant_canonicalization")
+        if s_text != r_text and _DATE.sub("<date>", s_text) == _DATE.sub("<date>", r_text):
+            return diff("date_changed")
+        if s_text == r_text and s0 > 0 and stream.sampled[s0 - 1]:
+            return diff("gen_prompt_merge")
+        return diff("unclassified")
+
+
+def report(differences: Sequence[Difference], mode: DriftMode, prompt_len: int) -> dict[str, Any]:
+    kept = [d for d in differences if not (mode == "ignore_strippable" and d.whitespace_only)]
+    counts = Counter(d.kind for d in kept)
+    return {
+        "mode": mode,
+        "differences": [d.as_json(prompt_len) for d in kept],
+        "counts": dict(sorted(counts.items())),
+        "unclassified": sum(1 for d in kept if not d.allowed),
+    }
