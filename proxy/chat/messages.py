@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -47,7 +48,8 @@ def for_template(message: Mapping[str, Any], *, arguments_as: str = "object") ->
 
 
 def _arguments_text(arguments: Any) -> str:
-    return arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
+    # The client's own string is kept; an object is written as Python's json.dumps writes it.
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
 def _canonical_call(call: Mapping[str, Any]) -> list[Any]:

@@ -10,6 +10,7 @@ text. An append kind that is not proven safe starts a new segment with a fresh r
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -39,6 +40,7 @@ class TemplateVerdict:
     arguments_as: Literal["object", "string"]
     close_by_append: dict[str, str | None]
     last_turn_close: str | None
+    call_close: str | None
     opener_close: bool
     separator: str | None
     bos_token: str | None
@@ -50,8 +52,7 @@ class TemplateVerdict:
     def close_tokens(self) -> frozenset[str]:
         """Every token that may end an assistant turn, in a render or in a sample."""
         found = {c for c in self.close_by_append.values() if c is not None}
-        if self.last_turn_close is not None:
-            found.add(self.last_turn_close)
+        found.update(c for c in (self.last_turn_close, self.call_close) if c is not None)
         return frozenset(found)
 
     def continues(self, kind: str) -> bool:
@@ -66,7 +67,7 @@ def _tool_call(call_id: str) -> dict[str, Any]:
     return {
         "id": call_id,
         "type": "function",
-        "function": {"name": "get_probe_value", "arguments": '{"key": "v"}'},
+        "function": {"name": "get_probe_value", "arguments": json.dumps({"key": ANSWER})},
     }
 
 
@@ -112,6 +113,18 @@ class TemplateProbe:
         found = self.renderer.first_special_after(text, text.rfind(ANSWER) + len(ANSWER))
         return found[1] if found else None
 
+    def _close_after_call(self) -> str | None:
+        """The token that ends a tool-calling turn (gpt-oss: <|call|>): the last special token of a
+        render that ends with such a turn, if it comes after the call's arguments."""
+        text = self._text(conversation(system=True, tool_cycle=False, call=True))
+        if text is None:
+            return None
+        at = text.rfind(ANSWER) + len(ANSWER)
+        last = None
+        while (found := self.renderer.first_special_after(text, at)) is not None:
+            last, at = found[1], found[0] + len(found[1])
+        return last
+
     def _arguments_format(self) -> Literal["object", "string"]:
         self.renderer.arguments_as = "object"
         text = self._text(conversation(system=True, tool_cycle=False, call=True))
@@ -138,6 +151,7 @@ class TemplateProbe:
             arguments_as=self.renderer.arguments_as,
             close_by_append=close_by_append,
             last_turn_close=self._close_after_answer(base),
+            call_close=self._close_after_call(),
             opener_close=len(closes) > 1,
             separator=separator,
             bos_token=bos,
@@ -151,8 +165,6 @@ class TemplateProbe:
         return TemplateVerdict(**{**verdict.__dict__, "appends": appends})
 
     def _check_append(self, kind: AppendKind) -> AppendVerdict:
-        from proxy.chat.renderer import DeltaUnavailable
-
         call = kind == "tool"
         contexts = [
             conversation(system=True, tool_cycle=False, call=call),
@@ -160,36 +172,47 @@ class TemplateProbe:
             conversation(system=False, tool_cycle=False, call=call),
         ]
         new = appended(kind)
+        checked = 0
         for context in contexts:
-            text = self._text([*context, *new], add_generation_prompt=True, now=_PINNED)
-            if text is None:
-                return AppendVerdict(False, f"the template refuses a {kind} message after an assistant turn")
-            closes = self.renderer.verdict.close_tokens
-            start = text.rfind(ANSWER) + len(ANSWER)
-            ends = [(text.find(c, start), c) for c in closes if text.find(c, start) >= 0]
-            if not ends:
-                return AppendVerdict(False, "no close token after the assistant turn in a full render")
-            close_at, close = min(ends)
-            head = self.renderer.encode(text[: close_at + len(close)])
-            full = self.renderer.encode(text)
-            if full[: len(head)] != head:
-                return AppendVerdict(False, "the render is not a token prefix at the assistant's close")
-            try:
-                delta = self.renderer.render_delta(
-                    context[-1], new, tools=None, template_kwargs=None, now=_PINNED
-                )
-            except DeltaUnavailable as exc:
-                return AppendVerdict(False, str(exc))
-            if delta.ids != full[len(head) :]:
-                return AppendVerdict(
-                    False,
-                    f"a full render puts other tokens after the assistant turn than the fixed-base delta "
-                    f"when a {kind} message follows (the template rewrites earlier turns or moves messages)",
-                )
-            if new[0]["content"] not in self.renderer.decode(delta.ids):
-                return AppendVerdict(
-                    False, f"the appended {kind} message is rendered elsewhere than after the turn"
-                )
+            if self._text(context, now=_PINNED) is None:
+                continue  # a context this template cannot render at all (Gemma has no tool role)
+            failure = self._append_failure(kind, context, new)
+            if failure is not None:
+                return AppendVerdict(False, failure)
+            checked += 1
+        if not checked:
+            return AppendVerdict(False, f"the template renders no probe conversation with a {kind} append")
         return AppendVerdict(
             True, "the fixed-base delta equals the tail of full renders in every probe context"
         )
+
+    def _append_failure(self, kind: AppendKind, context: list[Message], new: list[Message]) -> str | None:
+        """Why the fixed-base delta is not what a full render of `context + new` puts after the turn."""
+        from proxy.chat.renderer import DeltaUnavailable
+
+        text = self._text([*context, *new], add_generation_prompt=True, now=_PINNED)
+        if text is None:
+            return f"the template refuses a {kind} message after an assistant turn"
+        start = text.rfind(ANSWER) + len(ANSWER)
+        ends = [(at, c) for c in self.renderer.verdict.close_tokens if (at := text.find(c, start)) >= 0]
+        if not ends:
+            return "no close token after the assistant turn in a full render"
+        close_at, close = min(ends)
+        head = self.renderer.encode(text[: close_at + len(close)])
+        full = self.renderer.encode(text)
+        if full[: len(head)] != head:
+            return "the render is not a token prefix at the assistant's close"
+        try:
+            delta = self.renderer.render_delta(
+                context[-1], new, tools=None, template_kwargs=None, now=_PINNED
+            )
+        except (DeltaUnavailable, TemplateError) as exc:
+            return f"no fixed-base delta: {exc}"
+        if delta.ids != full[len(head) :]:
+            return (
+                f"a full render puts other tokens after the assistant turn than the fixed-base delta when a "
+                f"{kind} message follows (the template rewrites earlier turns or moves messages)"
+            )
+        if new[0]["content"] not in self.renderer.decode(delta.ids):
+            return f"the appended {kind} message is rendered elsewhere than after the turn"
+        return None

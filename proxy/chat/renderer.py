@@ -18,6 +18,7 @@ from proxy.chat.messages import Message, for_template
 from proxy.chat.probe import TemplateProbe, TemplateVerdict
 from proxy.chat.template import ChatTemplate
 from proxy.chat.tokenizer import TokenizerFiles
+from proxy.errors import TemplateError
 
 BASE_SYSTEM = "You are a helpful assistant."
 BASE_USER = "Hello."
@@ -125,6 +126,48 @@ class Renderer:
         )
         return self.encode(text)
 
+    def _render_with_stub(
+        self,
+        previous_assistant: Message,
+        appended: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None,
+        template_kwargs: Mapping[str, Any] | None,
+        now: datetime | None,
+    ) -> str:
+        stub: Message = {"role": "assistant", "content": STUB_CONTENT, "reasoning_content": STUB_REASONING}
+        if previous_assistant.get("tool_calls"):
+            # Tool results may be rendered with the calls' names and ids (gpt-oss, Kimi): keep those.
+            # Arguments carry the marker, for templates that render a tool-calling turn without content.
+            stub["tool_calls"] = [
+                {**call, "function": {"name": call["function"]["name"], "arguments": {"stub": STUB_CONTENT}}}
+                for call in previous_assistant["tool_calls"]
+            ]
+        base: list[Message] = [
+            {"role": "system", "content": BASE_SYSTEM},
+            {"role": "user", "content": BASE_USER},
+        ]
+        try:
+            return self.render_text(
+                [*base, stub, *appended],
+                tools=tools,
+                add_generation_prompt=True,
+                template_kwargs=template_kwargs,
+                now=now,
+            )
+        except TemplateError:
+            if "tool_calls" not in stub:
+                raise
+        # gpt-oss refuses reasoning beside content on a tool-calling turn; such templates keep the
+        # reasoning of tool turns anyway, so the stub's render no longer depends on what follows.
+        del stub["reasoning_content"]
+        return self.render_text(
+            [*base, stub, *appended],
+            tools=tools,
+            add_generation_prompt=True,
+            template_kwargs=template_kwargs,
+            now=now,
+        )
+
     def render_delta(
         self,
         previous_assistant: Message,
@@ -138,20 +181,8 @@ class Renderer:
         closes = self.verdict.close_tokens
         if not closes:
             raise DeltaUnavailable("the template has no token that closes an assistant turn")
-        stub: Message = {"role": "assistant", "content": STUB_CONTENT, "reasoning_content": STUB_REASONING}
-        if previous_assistant.get("tool_calls"):
-            # Tool results may be rendered with the calls' names (gpt-oss, Llama): keep the real calls.
-            stub["tool_calls"] = previous_assistant["tool_calls"]
-        context: list[Message] = [
-            {"role": "system", "content": BASE_SYSTEM},
-            {"role": "user", "content": BASE_USER},
-            stub,
-            *appended,
-        ]
-        text = self.render_text(
-            context, tools=tools, add_generation_prompt=True, template_kwargs=template_kwargs, now=now
-        )
-        stub_at = text.find(STUB_CONTENT)
+        text = self._render_with_stub(previous_assistant, appended, tools, template_kwargs, now)
+        stub_at = text.rfind(STUB_CONTENT)
         if stub_at < 0:
             raise DeltaUnavailable("the assistant stub is missing from the fixed-base render")
         start = stub_at + len(STUB_CONTENT)

@@ -1,0 +1,189 @@
+"""Template fixtures for every family: real chat templates from the trl wheel on PyPI, with the real
+Qwen vocabulary, extended offline with each family's special tokens where they are not Qwen's.
+
+The wheel is fetched once into a cache outside the repository (scripts/test does it; this module
+does it too when run alone) and read from there, so the suite runs offline once it is cached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from tokenizers import AddedToken, Tokenizer
+
+from proxy.demo_model import qwen_tokenizer_source
+
+TRL_VERSION = "1.16.0"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TITO_TEST_CACHE", Path.home() / ".cache" / "tito-proxy"))
+
+
+@cache
+def trl_wheel() -> Path:
+    wheels = cache_dir() / "wheels"
+    wheel = wheels / f"trl-{TRL_VERSION}-py3-none-any.whl"
+    if not wheel.is_file():
+        wheels.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                f"trl=={TRL_VERSION}",
+                "-d",
+                str(wheels),
+            ],
+            check=True,
+        )
+    return wheel
+
+
+def trl_template(name: str) -> str:
+    with zipfile.ZipFile(trl_wheel()) as archive:
+        return archive.read(f"trl/chat_templates/{name}.jinja").decode()
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    template: str  # file name in trl/chat_templates
+    eos: str
+    bos: str | None = None
+    specials: tuple[str, ...] = ()  # added as special tokens
+    added: tuple[str, ...] = ()  # added as ordinary (non-special) tokens
+    tools: bool = True  # the template renders tools and tool results
+    system_appends_continue: bool = True
+    tool_appends_continue: bool = True
+    user_appends_continue: bool = True
+    extra_config: dict[str, object] = field(default_factory=dict)
+
+
+LLAMA_SPECIALS = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+)
+DEEPSEEK_SPECIALS = (
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁outputs▁begin｜>",
+    "<｜tool▁outputs▁end｜>",
+    "<｜tool▁output▁begin｜>",
+    "<｜tool▁output▁end｜>",
+    "<｜tool▁sep｜>",
+)
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in [
+        Family("qwen2_5", "qwen2_5", eos="<|im_end|>"),
+        Family("qwen3", "qwen3", eos="<|im_end|>"),
+        Family("nemotron", "nemotron_3_nano", eos="<|im_end|>"),
+        Family("llama3_1", "llama3_1", eos="<|eot_id|>", bos="<|begin_of_text|>", specials=LLAMA_SPECIALS),
+        Family("llama3_2", "llama3_2", eos="<|eot_id|>", bos="<|begin_of_text|>", specials=LLAMA_SPECIALS),
+        # Its template opens tool outputs only for the first batch of a conversation: tool appends split.
+        Family(
+            "deepseek_v3",
+            "deepseekv3",
+            eos="<｜end▁of▁sentence｜>",
+            bos="<｜begin▁of▁sentence｜>",
+            specials=DEEPSEEK_SPECIALS,
+            system_appends_continue=False,
+            tool_appends_continue=False,
+        ),
+        Family(
+            "deepseek_r1",
+            "deepseek_r1_distill",
+            eos="<｜end▁of▁sentence｜>",
+            bos="<｜begin▁of▁sentence｜>",
+            specials=DEEPSEEK_SPECIALS,
+            tools=False,
+            system_appends_continue=False,
+        ),
+        Family(
+            "glm4_moe",
+            "glm4moe",
+            eos="<|endoftext|>",
+            specials=("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"),
+            added=("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
+        ),
+        Family(
+            "gpt_oss",
+            "gptoss",
+            eos="<|return|>",
+            specials=(
+                "<|start|>",
+                "<|end|>",
+                "<|message|>",
+                "<|channel|>",
+                "<|return|>",
+                "<|call|>",
+                "<|constrain|>",
+                "<|startoftext|>",
+            ),
+            system_appends_continue=False,
+        ),
+        Family(
+            "gemma3",
+            "gemma3",
+            eos="<end_of_turn>",
+            bos="<bos>",
+            specials=("<bos>", "<start_of_turn>", "<end_of_turn>", "<eos>"),
+            tools=False,
+            system_appends_continue=False,
+        ),
+        Family(
+            "phi3",
+            "phi3",
+            eos="<|endoftext|>",
+            specials=("<|system|>", "<|user|>", "<|assistant|>", "<|end|>"),
+            tools=False,
+        ),
+    ]
+}
+
+
+def build_tokenizer_dir(family: Family, target: Path) -> Path:
+    """A tokenizer dir for `family`: Qwen's BPE vocabulary plus the family's special tokens."""
+    source = qwen_tokenizer_source()
+    tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
+    missing = [t for t in family.specials if tokenizer.token_to_id(t) is None]
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
+    plain = [t for t in family.added if tokenizer.token_to_id(t) is None]
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])
+    target.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(target / "tokenizer.json"))
+    config: dict[str, object] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": trl_template(family.template),
+        "eos_token": family.eos,
+        "bos_token": family.bos,
+        "pad_token": "<|endoftext|>",
+        "add_bos_token": False,
+        "clean_up_tokenization_spaces": False,
+        **family.extra_config,
+    }
+    (target / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=1))
+    return target
