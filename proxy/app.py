@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from proxy.api import health, openai, sessions
 from proxy.app_state import AppState
+from proxy.chat.parsing import build_parser
 from proxy.chat.renderer import Renderer
 from proxy.chat.tokenizer import load_tokenizer_files
 from proxy.config import Settings
@@ -72,6 +73,9 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
                 engine=inference,
                 sessions=db_sessions,
                 context_length=context_length,
+                parser=build_parser(
+                    settings.tool_parser, renderer.files.chat_template, renderer.special_texts
+                ),
                 history_mode=settings.history_mode,
             ),
             model_name=settings.model_name,

@@ -35,6 +35,11 @@ def _serve_parser(sub: Any) -> None:
         help="exact: continue with the sampled tokens (default); template: a fresh render wins",
     )
     serve.add_argument(
+        "--tool-parser",
+        choices=["auto", "hermes", "qwen3_coder", "glm45", "llama3_json", "deepseek_v3", "gpt_oss"],
+        help="output format of tool calls (default: detected from the chat template)",
+    )
+    serve.add_argument(
         "--drift-report", choices=["strict", "ignore_strippable", "disable"], help="default strict"
     )
 
@@ -56,6 +61,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "log_level",
         "history_mode",
         "drift_report",
+        "tool_parser",
     )
     given = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     return Settings(**given)

@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     # exact: continue with the sampled tokens; template: a fresh render wins whenever they differ.
     history_mode: Literal["exact", "template"] = "exact"
     drift_report: Literal["strict", "ignore_strippable", "disable"] = "strict"
+    tool_parser: Literal[
+        "auto", "hermes", "qwen3_coder", "glm45", "llama3_json", "deepseek_v3", "gpt_oss"
+    ] = "auto"
 
     @model_validator(mode="after")
     def _tokenizer_source(self) -> Settings:

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession as DbSession
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from proxy.chat.messages import Message, history_key, reasoning_consistent
-from proxy.chat.parsing import ParsedOutput, parse_output
+from proxy.chat.parsing import OutputParser, ParsedOutput, build_parser
 from proxy.chat.renderer import DeltaUnavailable, Renderer
 from proxy.engines.base import Engine, Generation, SamplingParams
 from proxy.errors import ContextLengthExceeded, EngineError, InvalidRequest
@@ -77,6 +77,7 @@ class TurnRunner:
         engine: Engine,
         sessions: async_sessionmaker[DbSession],
         context_length: int | None,
+        parser: OutputParser | None = None,
         history_mode: str = "exact",
         contexts: ContextCache | None = None,
         clock: Callable[[], float] = time.perf_counter,
@@ -86,6 +87,7 @@ class TurnRunner:
         self.sessions = sessions
         self.context_length = context_length
         self.history_mode = history_mode
+        self.parser = parser or build_parser("auto", renderer.files.chat_template, renderer.special_texts)
         self.contexts = contexts or ContextCache()
         self._clock = clock
 
@@ -108,7 +110,7 @@ class TurnRunner:
         generation = await self.engine.generate(prompt_list, params)
         generated = self._clock()
 
-        output = self._parse(generation, params)
+        output = self._parse(generation)
         reply = output.as_message()
         finish = _finish_for_openai(generation, output)
         aborted = generation.finish.kind == "abort"
@@ -284,13 +286,15 @@ class TurnRunner:
             )
         return params if requested is not None else _replace_max(params, room)
 
-    def _parse(self, generation: Generation, params: SamplingParams) -> ParsedOutput:
-        # Special tokens (close, EOS) are dropped from text; <think>/<tool_call> are ordinary added tokens.
-        text = str(self.renderer.tokenizer.decode(generation.output_ids, skip_special_tokens=True))
+    def _parse(self, generation: Generation) -> ParsedOutput:
+        ids = generation.output_ids
+        if generation.finish.matched_token is not None and ids and ids[-1] == generation.finish.matched_token:
+            ids = ids[:-1]  # the stop token ends the turn; it is not text
+        text = self.renderer.decode(ids)
         matched = generation.finish.matched_text
         if matched and matched in text:
             text = text[: text.rfind(matched)]
-        return parse_output(text, parse_reasoning=self.renderer.token_id("</think>") is not None)
+        return self.parser.parse(text)
 
 
 def _replace_max(params: SamplingParams, max_new_tokens: int) -> SamplingParams:

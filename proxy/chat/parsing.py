@@ -1,21 +1,20 @@
 """Sampled ids to an OpenAI assistant message: content, reasoning_content and tool_calls.
 
-Text is derived from the ids for the harness; the ids stay the record. This module holds the
-Hermes/Qwen format: optional `<think>...</think>`, then `<tool_call>{"name", "arguments"}</tool_call>`.
+Text is derived from the ids (special tokens kept, so each family's markers are visible) for the
+harness; the ids stay the record. One parser per output format, chosen by flag or detected from the
+chat template. A malformed tool call is returned as content, never as an error.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from proxy.chat.messages import Message
-
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -37,6 +36,19 @@ def new_tool_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
+def _call(name: str, arguments: Any) -> dict[str, Any]:
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return {"id": new_tool_call_id(), "type": "function", "function": {"name": name, "arguments": text}}
+
+
+def _value(raw: str) -> Any:
+    """An XML-style argument value: JSON when it parses, else the text itself."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
 def split_reasoning(text: str) -> tuple[str | None, str]:
     """Reasoning and the rest; handles reasoning opened by the generation prompt (no `<think>` sampled)."""
     if "</think>" in text:
@@ -49,46 +61,198 @@ def split_reasoning(text: str) -> tuple[str | None, str]:
     return None, text
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
-    """Content before the calls and the calls; None when the text holds a malformed or unclosed call."""
+CallsParser = Callable[[str], tuple[str, list[dict[str, Any]]] | None]
+
+_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_CODER_FUNCTION = re.compile(r"<function=([^>\n]+)>\s*(.*?)\s*</function>", re.DOTALL)
+_CODER_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+_GLM_CALL = re.compile(r"<tool_call>([^\n<]+)(.*?)</tool_call>", re.DOTALL)
+_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+_DEEPSEEK_CALL = re.compile(
+    r"<｜tool▁call▁begin｜>(\w+)<｜tool▁sep｜>([^\n]+)\n```json\n(.*?)\n```<｜tool▁call▁end｜>",
+    re.DOTALL,
+)
+
+
+def _around(text: str, start: str, end: str) -> tuple[str, str]:
+    """Text before the first `start` and after the last `end`, joined as content."""
+    before = text[: text.index(start)]
+    after = text[text.rindex(end) + len(end) :]
+    return (before.strip() + ("\n" + after.strip() if after.strip() else "")).strip(), ""
+
+
+def hermes_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
     if "<tool_call>" not in text:
         return text, []
-    calls: list[dict[str, Any]] = []
-    for body in _TOOL_CALL.findall(text):
+    calls = []
+    for body in _HERMES.findall(text):
         try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError:
+            payload = json.loads(body)
+        except ValueError:
             return None
         if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
             return None
-        arguments = payload.get("arguments", {})
-        calls.append(
-            {
-                "id": new_tool_call_id(),
-                "type": "function",
-                "function": {
-                    "name": payload["name"],
-                    "arguments": orjson.dumps(arguments).decode()
-                    if not isinstance(arguments, str)
-                    else arguments,
-                },
-            }
-        )
-    opened = text.count("<tool_call>")
-    if not calls or opened != len(calls) or text.count("</tool_call>") != opened:
+        calls.append(_call(payload["name"], payload.get("arguments", {})))
+    if not calls or text.count("<tool_call>") != len(calls) or text.count("</tool_call>") != len(calls):
         return None
-    before = text[: text.index("<tool_call>")]
-    after = text[text.rindex("</tool_call>") + len("</tool_call>") :]
-    return (before.strip() + ("\n" + after.strip() if after.strip() else "")).strip(), calls
+    return _around(text, "<tool_call>", "</tool_call>")[0], calls
 
 
-def parse_output(text: str, *, parse_reasoning: bool) -> ParsedOutput:
-    reasoning, rest = split_reasoning(text) if parse_reasoning else (None, text)
-    parsed = parse_tool_calls(rest)
-    if parsed is None:
-        # A malformed tool call is returned as content, never as an error.
-        return ParsedOutput(content=rest, reasoning_content=reasoning, tool_calls=[])
-    content, calls = parsed
+def qwen3_coder_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
+    if "<tool_call>" not in text:
+        return text, []
+    calls = []
+    for name, body in _CODER_FUNCTION.findall(text):
+        arguments = {key.strip(): _value(value) for key, value in _CODER_PARAMETER.findall(body)}
+        calls.append(_call(name.strip(), arguments))
+    if not calls or text.count("<tool_call>") != len(calls) or text.count("</tool_call>") != len(calls):
+        return None
+    return _around(text, "<tool_call>", "</tool_call>")[0], calls
+
+
+def glm45_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
+    if "<tool_call>" not in text:
+        return text, []
+    calls = []
+    for name, body in _GLM_CALL.findall(text):
+        arguments = {key.strip(): _value(value) for key, value in _GLM_ARG.findall(body)}
+        calls.append(_call(name.strip(), arguments))
+    if not calls or text.count("<tool_call>") != len(calls) or text.count("</tool_call>") != len(calls):
+        return None
+    return _around(text, "<tool_call>", "</tool_call>")[0], calls
+
+
+def llama3_json_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
+    stripped = text.strip().removeprefix("<|python_tag|>").strip()
+    if not stripped.startswith("{"):
+        return text, []
+    try:
+        payload = json.loads(stripped)
+    except ValueError:
+        return text, []  # ordinary content that happens to start with a brace
+    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+        return text, []
+    arguments = payload.get("parameters", payload.get("arguments", {}))
+    return "", [_call(payload["name"], arguments)]
+
+
+def deepseek_v3_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
+    begin, end = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+    if begin not in text:
+        return text, []
+    calls = [_call(name.strip(), arguments) for _, name, arguments in _DEEPSEEK_CALL.findall(text)]
+    if not calls or end not in text:
+        return None
+    for call in calls:
+        try:
+            json.loads(call["function"]["arguments"])
+        except ValueError:
+            return None
+    return text[: text.index(begin)].strip(), calls
+
+
+_HARMONY_MESSAGE = re.compile(
+    r"(?:<\|start\|>assistant)?(.*?)<\|message\|>(.*?)(?:<\|end\|>|<\|call\|>|<\|return\|>|$)", re.DOTALL
+)
+
+
+def parse_harmony(text: str) -> ParsedOutput | None:
+    """gpt-oss: analysis messages are reasoning, final is content, `to=functions.X` are tool calls."""
+    reasoning: list[str] = []
+    content: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for header, body in _HARMONY_MESSAGE.findall(text):
+        recipient = re.search(r"to=functions\.([\w.-]+)", header)
+        if recipient:
+            try:
+                json.loads(body)
+            except ValueError:
+                return None
+            calls.append(_call(recipient.group(1), body))
+        elif "analysis" in header:
+            reasoning.append(body)
+        else:
+            content.append(body)
+    if not (reasoning or content or calls):
+        return None
     return ParsedOutput(
-        content=content if content or not calls else None, reasoning_content=reasoning, tool_calls=calls
+        content="".join(content) if content or not calls else None,
+        reasoning_content="\n".join(reasoning) if reasoning else None,
+        tool_calls=calls,
     )
+
+
+CALL_PARSERS: dict[str, CallsParser] = {
+    "hermes": hermes_calls,
+    "qwen3_coder": qwen3_coder_calls,
+    "glm45": glm45_calls,
+    "llama3_json": llama3_json_calls,
+    "deepseek_v3": deepseek_v3_calls,
+}
+PARSER_NAMES = (*CALL_PARSERS, "gpt_oss")
+
+
+def detect_parser(template: str) -> str:
+    """The output format a chat template teaches its model."""
+    if "<|channel|>" in template:
+        return "gpt_oss"
+    if "tool▁calls▁begin" in template:
+        return "deepseek_v3"
+    if "<arg_key>" in template:
+        return "glm45"
+    if "<function=" in template:
+        return "qwen3_coder"
+    if "<|start_header_id|>" in template and '"parameters"' in template:
+        return "llama3_json"
+    return "hermes"
+
+
+@dataclass(frozen=True)
+class OutputParser:
+    """Parses decoded output text (special tokens kept, trailing stop token removed)."""
+
+    name: str
+    parse_reasoning: bool
+    special_texts: tuple[str, ...] = ()
+
+    def _clean(self, text: str | None) -> str | None:
+        if text is None:
+            return None
+        for special in self.special_texts:
+            text = text.replace(special, "")
+        return text
+
+    def parse(self, text: str) -> ParsedOutput:
+        if self.name == "gpt_oss":
+            parsed = parse_harmony(text)
+            if parsed is None:
+                return ParsedOutput(content=self._clean(text), reasoning_content=None, tool_calls=[])
+            return ParsedOutput(
+                self._clean(parsed.content), self._clean(parsed.reasoning_content), parsed.tool_calls
+            )
+        reasoning, rest = split_reasoning(text) if self.parse_reasoning else (None, text)
+        found = CALL_PARSERS[self.name](rest)
+        if found is None:
+            return ParsedOutput(
+                content=self._clean(rest), reasoning_content=self._clean(reasoning), tool_calls=[]
+            )
+        content, calls = found
+        return ParsedOutput(
+            content=self._clean(content) if content or not calls else None,
+            reasoning_content=self._clean(reasoning),
+            tool_calls=calls,
+        )
+
+
+def build_parser(name: str, template: str, special_texts: tuple[str, ...]) -> OutputParser:
+    """The parser called `name`, or the one the template implies for "auto"."""
+    chosen = detect_parser(template) if name == "auto" else name
+    if chosen not in PARSER_NAMES:
+        raise ValueError(f"unknown tool parser {name!r}; choose one of auto, {', '.join(PARSER_NAMES)}")
+    return OutputParser(
+        chosen, parse_reasoning="<think>" in template or "</think>" in template, special_texts=special_texts
+    )
+
+
+def parse_output(text: str, *, parse_reasoning: bool, parser: str = "hermes") -> ParsedOutput:
+    return OutputParser(parser, parse_reasoning).parse(text)

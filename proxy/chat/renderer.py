@@ -82,6 +82,10 @@ class Renderer:
         found = self.tokenizer.token_to_id(text)
         return int(found) if found is not None else None
 
+    @property
+    def special_texts(self) -> tuple[str, ...]:
+        return tuple(self._special_texts)
+
     def first_special_after(self, text: str, start: int) -> tuple[int, str] | None:
         best: tuple[int, str] | None = None
         for special in self._special_texts:
