@@ -55,12 +55,26 @@ class TemplateVerdict:
         found.update(c for c in (self.last_turn_close, self.call_close) if c is not None)
         return frozenset(found)
 
+    @property
+    def sampled_stop_tokens(self) -> frozenset[str]:
+        """Tokens a model samples to end its turn. Not every close seen in history: gpt-oss writes
+        <|end|> after its analysis message in mid-turn."""
+        found = {c for c in (self.last_turn_close, self.call_close) if c is not None}
+        if self.opener_close or self.last_turn_close is None:
+            # GLM: a turn ends by sampling the opener of the message that follows.
+            found.update(c for c in self.close_by_append.values() if c is not None)
+        return frozenset(found)
+
     def continues(self, kind: str) -> bool:
         verdict = self.appends.get(kind)
         return verdict is not None and verdict.continues
 
     def as_json(self) -> dict[str, Any]:
-        return {**asdict(self), "close_tokens": sorted(self.close_tokens)}
+        return {
+            **asdict(self),
+            "close_tokens": sorted(self.close_tokens),
+            "sampled_stop_tokens": sorted(self.sampled_stop_tokens),
+        }
 
 
 def _tool_call(call_id: str) -> dict[str, Any]:

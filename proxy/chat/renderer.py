@@ -60,8 +60,8 @@ class Renderer:
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
-        """What the engine must stop on: every close the probe found, and EOS."""
-        stops = set(self.close_token_ids)
+        """What the engine must stop on: the tokens that end a sampled turn, and EOS."""
+        stops = {i for t in self.verdict.sampled_stop_tokens if (i := self.token_id(t)) is not None}
         eos = self.files.special_tokens.get("eos_token")
         eos_id = self.token_id(eos) if eos else None
         if eos_id is not None:

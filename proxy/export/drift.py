@@ -32,6 +32,7 @@ ALLOWED_KINDS = frozenset(
     }
 )
 _DATE = re.compile(r"\d{1,4}[-/ ]\w{2,9}[-/ ]\d{2,4}")
+_THINK_TAGS = re.compile(r"</?think>")
 _EMPTY_THINK = re.compile(r"^\s*<think>\s*</think>\s*")
 
 
@@ -122,34 +123,52 @@ class DriftClassifier:
         common = 0
         while common < min(len(s_ids), len(r_ids)) and s_ids[common] == r_ids[common]:
             common += 1
-        s_text, r_text = self._decode(s_ids), self._decode(r_ids)
+        tail = 0
+        while tail < min(len(s_ids), len(r_ids)) - common and s_ids[-1 - tail] == r_ids[-1 - tail]:
+            tail += 1
+        # Judge the differing tokens only: a text piece also holds role headers and shared text.
+        s_diff, r_diff = s_ids[common : len(s_ids) - tail], r_ids[common : len(r_ids) - tail]
+        s_text, r_text = self._decode(s_diff), self._decode(r_diff)
         whitespace = _whitespace_only(s_text, r_text)
-        sampled = [stream.sampled[i] for i in range(s0, s1)]
+        first, last = s0 + common, s0 + len(s_ids) - tail
+        sampled = [stream.sampled[i] for i in range(first, last)] or [
+            stream.sampled[min(first, len(stream.ids) - 1)]
+        ]
 
         def diff(kind: str) -> Difference:
-            return Difference(kind, s0 + common, s_text, r_text, whitespace)
+            return Difference(kind, first, s_text, r_text, whitespace)
 
-        if s0 == s1 == len(stream.ids) and r1 == len(render):
+        if not s_diff and s0 == len(stream.ids) and r1 == len(render):
             # After the last sampled close, a render may add a separator (and an EOS, as Phi-3 does).
-            tail_ok = all(t in self._specials or not self._decode([t]).strip() for t in r_ids)
+            tail_ok = all(t in self._specials or not self._decode([t]).strip() for t in r_diff)
             return diff("final_separator_absent" if tail_ok else "unclassified")
-        if s1 > s0 and all(i in stream.synthesized for i in range(s0, s1)) and not r_ids:
+        if s_diff and all(i in stream.synthesized for i in range(first, last)) and not r_diff:
             return diff("truncation_close_synthesized")
-        if len(s_ids) == 1 == len(r_ids) and s_ids[0] in stream.close_ids and r_ids[0] in stream.close_ids:
+        if (
+            len(s_diff) == 1 == len(r_diff)
+            and s_diff[0] in stream.close_ids
+            and r_diff[0] in stream.close_ids
+        ):
             return diff("stop_token_rewrite")
         if any(sampled):
+            if not r_diff and last == len(stream.ids) and all(t in stream.close_ids for t in s_diff):
+                return diff("stop_token_rewrite")  # GLM: the sampled opener that ended the last turn
             if s_text == r_text:
                 return diff("assistant_bpe" if all(sampled) else "gen_prompt_merge")
             wrapper = _EMPTY_THINK.match(s_text)
             if wrapper and s_text[wrapper.end() :].strip() == r_text.strip():
                 return diff("think_wrapper")
-            if "</think>" in s_text and "</think>" not in r_text:
+            if ("</think>" in s_text and "</think>" not in r_text) or (
+                "analysis<|message|>" in s_text and "analysis<|message|>" not in r_text
+            ):
                 return diff("history_reasoning_stripped")
             return diff("assistant_canonicalization")
-        if s_text != r_text and _DATE.sub("<date>", s_text) == _DATE.sub("<date>", r_text):
+        before_sample = last < len(stream.ids) and stream.sampled[last]
+        if before_sample and not _THINK_TAGS.sub("", s_text + r_text).strip():
+            # The generation prompt pre-fills a think opener the history render writes differently.
+            return diff("think_wrapper")
+        if _DATE.sub("<date>", s_text) == _DATE.sub("<date>", r_text) != s_text:
             return diff("date_changed")
-        if s_text == r_text and s0 > 0 and stream.sampled[s0 - 1]:
-            return diff("gen_prompt_merge")
         return diff("unclassified")
 
 

@@ -1,0 +1,170 @@
+"""A multi-turn conversation per template family through the proxy over HTTP.
+
+The fake engine "samples" what the family's own template writes for each assistant turn, so every
+family answers in its real format. Each segment must satisfy I1-I6, appends the self-test did not
+prove safe must open new segments, and the drift report must explain every difference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from tokenizers import Tokenizer
+
+from proxy.app import create_app
+from proxy.chat.renderer import Renderer
+from proxy.chat.tokenizer import load_tokenizer_files
+from proxy.config import Settings
+from tests.fakes.sglang import FakeSGLang
+from tests.families import FAMILIES, Family, build_tokenizer_dir
+from tests.invariants import assert_invariants
+from tests.support import serve
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather of a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+def _sampled_text(
+    renderer: Renderer,
+    messages: list[dict[str, Any]],
+    reply: dict[str, Any],
+    tools: list[dict[str, Any]] | None,
+    follower: str,
+) -> str:
+    """The text a model of this family samples for `reply`, close token included."""
+    prompt = renderer.render_text(messages, tools=tools, add_generation_prompt=True)
+    full = renderer.render_text([*messages, reply], tools=tools)
+    verdict = renderer.verdict
+    stops = [renderer.decode([i]) for i in renderer.stop_token_ids]
+    opened = ""
+    if not full.startswith(prompt):
+        # The generation prompt opens reasoning that the history render strips (DeepSeek, Nemotron):
+        # the model closes the reasoning, then writes what the render shows for the turn.
+        assert prompt.endswith("<think>\n"), (prompt[-80:], full[-80:])
+        prompt = prompt.removesuffix("<think>\n")
+        assert full.startswith(prompt)
+        opened = f"{reply.get('reasoning_content', '')}\n</think>\n\n"
+    text = full[len(prompt) :]
+    if opened and text.startswith("<think>"):
+        # The render writes its own think block for this turn: continue it after the prompt's opener.
+        opened, text = "", text.removeprefix("<think>")
+    ends = [at + len(stop) for stop in stops if (at := text.find(stop)) >= 0]
+    if ends:
+        return opened + text[: min(ends)]
+    # GLM: the turn is ended by sampling the next message's opener.
+    closer = verdict.close_by_append[follower]
+    assert closer is not None
+    return opened + text.rstrip("\n") + closer
+
+
+def _turns(family: Family) -> list[tuple[dict[str, Any], str, list[dict[str, Any]]]]:
+    """(assistant reply to sample, kind of message that follows, messages the harness appends)."""
+    call = {
+        "id": "call_x",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+    }
+    answer = {
+        "role": "assistant",
+        "content": "It is sunny in Paris.",
+        "reasoning_content": "The tool said sunny.",
+    }
+    if family.tools:
+        tool_turn = {"role": "assistant", "content": "", "tool_calls": [call]}
+        return [
+            (tool_turn, "tool", [{"role": "tool", "content": "Sunny, 21 C"}]),
+            (answer, "user", [{"role": "user", "content": "And tomorrow?"}]),
+            ({"role": "assistant", "content": "Rain tomorrow."}, "user", []),
+        ]
+    return [
+        (answer, "user", [{"role": "user", "content": "And tomorrow?"}]),
+        ({"role": "assistant", "content": "Rain tomorrow."}, "user", [{"role": "user", "content": "Thanks"}]),
+        ({"role": "assistant", "content": "You are welcome."}, "user", []),
+    ]
+
+
+@pytest.fixture(scope="module")
+def family_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("family-conversations")
+
+
+@pytest.fixture
+def family_proxy(
+    request: pytest.FixtureRequest, family_root: Path, tmp_path: Path
+) -> Iterator[tuple[str, FakeSGLang, Renderer]]:
+    family = FAMILIES[request.param]
+    directory = build_tokenizer_dir(family, family_root / family.name)
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    renderer = Renderer(load_tokenizer_files(directory))
+    fake = FakeSGLang(
+        tokenizer=tokenizer,
+        eos_ids=renderer.stop_token_ids,
+        vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
+    )
+    with serve(fake.app()) as engine_url:
+        settings = Settings(engine_url=engine_url, tokenizer=directory, db=f"sqlite:///{tmp_path / 'f.db'}")
+        with serve(create_app(settings)) as url:
+            yield url, fake, renderer
+    assert not fake.crashed
+
+
+@pytest.mark.parametrize("family_proxy", sorted(FAMILIES), indirect=True)
+def test_family_conversation_keeps_every_sampled_token(
+    family_proxy: tuple[str, FakeSGLang, Renderer],
+) -> None:
+    url, engine, renderer = family_proxy
+    name = next(n for n, f in FAMILIES.items() if renderer.files.directory.name == n)
+    family = FAMILIES[name]
+    tools = TOOLS if family.tools else None
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a weather bot."},
+        {"role": "user", "content": "Weather in Paris?"},
+    ]
+    if family.name == "gemma3":
+        messages = messages[1:]  # Gemma folds a system prompt into the first user turn; keep it simple
+    outputs = []
+    expected_segments = 1
+    for reply, follower, appended in _turns(family):
+        text = _sampled_text(renderer, messages, reply, tools, follower)
+        outputs.append(engine.push(renderer.encode(text)))
+        body: dict[str, Any] = {"model": "m", "messages": messages, "max_tokens": 300}
+        if tools:
+            body["tools"] = tools
+        response = httpx.post(f"{url}/sessions/fam/v1/chat/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        message = response.json()["choices"][0]["message"]
+        message.pop("reasoning_content", None)  # as most OpenAI clients do
+        if reply.get("tool_calls"):
+            assert message.get("tool_calls"), f"{name}: no tool call parsed from {text!r}"
+        else:
+            assert message["content"] == reply["content"], f"{name}: {text!r}"
+        messages.append(message)
+        for extra in appended:
+            answer_to = {"tool_call_id": message["tool_calls"][0]["id"]} if extra["role"] == "tool" else {}
+            messages.append({**extra, **answer_to})
+        if appended and not renderer.verdict.continues(appended[0]["role"]):
+            expected_segments += 1
+    trajectory = httpx.get(f"{url}/sessions/fam/trajectory").json()
+    segments = trajectory["segments"]
+    assert len(segments) == expected_segments, [s["num_calls"] for s in segments]
+    for segment in segments:
+        calls = [c - 1 for c in segment["call_ids"]]
+        assert_invariants(segment, [engine.requests[c] for c in calls], [outputs[c] for c in calls])
+        drift = segment["drift"]
+        assert drift["unclassified"] == 0, (name, drift["differences"])
