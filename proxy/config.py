@@ -31,7 +31,7 @@ class Settings(BaseSettings):
     history_mode: Literal["exact", "template"] = "exact"
     drift_report: Literal["strict", "ignore_strippable", "disable"] = "strict"
     tool_parser: Literal[
-        "auto", "hermes", "qwen3_coder", "glm45", "llama3_json", "deepseek_v3", "gpt_oss"
+        "auto", "hermes", "qwen3_coder", "glm45", "llama3_json", "deepseek_v3", "mistral", "gpt_oss"
     ] = "auto"
 
     @model_validator(mode="after")

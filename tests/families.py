@@ -161,23 +161,57 @@ FAMILIES: dict[str, Family] = {
             specials=("<|system|>", "<|user|>", "<|assistant|>", "<|end|>"),
             tools=False,
         ),
+        Family(
+            "mistral_style",
+            "mistral_style",
+            eos="</s>",
+            bos="<s>",
+            specials=("<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
+            # It drops system messages after the first: a system append cannot continue.
+            user_appends_continue=False,
+            system_appends_continue=False,
+        ),
     ]
 }
+
+
+# Written for these tests (no Mistral template ships in a wheel here): like Mistral's, it puts the
+# system prompt inside the *last* user message, so appending a user message moves it.
+MISTRAL_STYLE = """
+{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}
+{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}
+{%- set ns = namespace(last_user=-1) %}
+{%- for m in loop_messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}
+{{- bos_token }}
+{%- for message in loop_messages %}
+{%- if message.role == 'user' %}
+{%- if loop.index0 == ns.last_user and system_message is defined %}
+{{- '[INST] ' + system_message + '\n\n' + message.content + '[/INST]' }}
+{%- else %}{{- '[INST] ' + message.content + '[/INST]' }}{%- endif %}
+{%- elif message.role == 'assistant' %}
+{%- if message.tool_calls %}{{- '[TOOL_CALLS] ' + (message.tool_calls | map(attribute='function') | list | tojson) }}
+{%- else %}{{- ' ' + message.content }}{%- endif %}{{- eos_token }}
+{%- elif message.role == 'tool' %}{{- '[TOOL_RESULTS] ' + message.content + '[/TOOL_RESULTS]' }}
+{%- endif %}
+{%- endfor %}
+"""
 
 
 def build_tokenizer_dir(family: Family, target: Path) -> Path:
     """A tokenizer dir for `family`: Qwen's BPE vocabulary plus the family's special tokens."""
     source = qwen_tokenizer_source()
     tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
-    missing = [t for t in family.specials if tokenizer.token_to_id(t) is None]
+    # Registered as added tokens even when the BPE vocabulary has the same piece (`<s>` in Qwen's).
+    added = {str(t.content) for t in tokenizer.get_added_tokens_decoder().values()}
+    missing = [t for t in family.specials if t not in added]
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
-    plain = [t for t in family.added if tokenizer.token_to_id(t) is None]
+    plain = [t for t in family.added if t not in added]
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])
     target.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(target / "tokenizer.json"))
     config: dict[str, object] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": trl_template(family.template),
+        "chat_template": MISTRAL_STYLE if family.template == "mistral_style" else trl_template(family.template),
         "eos_token": family.eos,
         "bos_token": family.bos,
         "pad_token": "<|endoftext|>",

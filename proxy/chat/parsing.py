@@ -136,6 +136,20 @@ def llama3_json_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
     return "", [_call(payload["name"], arguments)]
 
 
+def mistral_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
+    if "[TOOL_CALLS]" not in text:
+        return text, []
+    before, _, payload = text.partition("[TOOL_CALLS]")
+    try:
+        items = json.loads(payload)
+    except ValueError:
+        return None
+    items = items if isinstance(items, list) else [items]
+    if not items or not all(isinstance(i, dict) and isinstance(i.get("name"), str) for i in items):
+        return None
+    return before.strip(), [_call(i["name"], i.get("arguments", {})) for i in items]
+
+
 def deepseek_v3_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
     begin, end = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
     if begin not in text:
@@ -188,6 +202,7 @@ CALL_PARSERS: dict[str, CallsParser] = {
     "glm45": glm45_calls,
     "llama3_json": llama3_json_calls,
     "deepseek_v3": deepseek_v3_calls,
+    "mistral": mistral_calls,
 }
 PARSER_NAMES = (*CALL_PARSERS, "gpt_oss")
 
@@ -198,6 +213,8 @@ def detect_parser(template: str) -> str:
         return "gpt_oss"
     if "tool▁calls▁begin" in template:
         return "deepseek_v3"
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
     if "<arg_key>" in template:
         return "glm45"
     if "<function=" in template:

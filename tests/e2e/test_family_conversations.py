@@ -153,7 +153,7 @@ def test_family_conversation_keeps_every_sampled_token(
         if reply.get("tool_calls"):
             assert message.get("tool_calls"), f"{name}: no tool call parsed from {text!r}"
         else:
-            assert message["content"] == reply["content"], f"{name}: {text!r}"
+            assert message["content"].strip() == reply["content"], f"{name}: {text!r}"
         messages.append(message)
         for extra in appended:
             answer_to = {"tool_call_id": message["tool_calls"][0]["id"]} if extra["role"] == "tool" else {}
