@@ -36,7 +36,16 @@ def _serve_parser(sub: Any) -> None:
     )
     serve.add_argument(
         "--tool-parser",
-        choices=["auto", "hermes", "qwen3_coder", "glm45", "llama3_json", "deepseek_v3", "mistral", "gpt_oss"],
+        choices=[
+            "auto",
+            "hermes",
+            "qwen3_coder",
+            "glm45",
+            "llama3_json",
+            "deepseek_v3",
+            "mistral",
+            "gpt_oss",
+        ],
         help="output format of tool calls (default: detected from the chat template)",
     )
     serve.add_argument(

@@ -166,7 +166,15 @@ FAMILIES: dict[str, Family] = {
             "mistral_style",
             eos="</s>",
             bos="<s>",
-            specials=("<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
+            specials=(
+                "<s>",
+                "</s>",
+                "[INST]",
+                "[/INST]",
+                "[TOOL_CALLS]",
+                "[TOOL_RESULTS]",
+                "[/TOOL_RESULTS]",
+            ),
             # It drops system messages after the first: a system append cannot continue.
             user_appends_continue=False,
             system_appends_continue=False,
@@ -181,7 +189,9 @@ MISTRAL_STYLE = """
 {%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}
 {%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}
 {%- set ns = namespace(last_user=-1) %}
-{%- for m in loop_messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}
+{%- for m in loop_messages %}
+{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}
+{%- endfor %}
 {{- bos_token }}
 {%- for message in loop_messages %}
 {%- if message.role == 'user' %}
@@ -189,7 +199,8 @@ MISTRAL_STYLE = """
 {{- '[INST] ' + system_message + '\n\n' + message.content + '[/INST]' }}
 {%- else %}{{- '[INST] ' + message.content + '[/INST]' }}{%- endif %}
 {%- elif message.role == 'assistant' %}
-{%- if message.tool_calls %}{{- '[TOOL_CALLS] ' + (message.tool_calls | map(attribute='function') | list | tojson) }}
+{%- if message.tool_calls %}
+{{- '[TOOL_CALLS] ' + (message.tool_calls | map(attribute='function') | list | tojson) }}
 {%- else %}{{- ' ' + message.content }}{%- endif %}{{- eos_token }}
 {%- elif message.role == 'tool' %}{{- '[TOOL_RESULTS] ' + message.content + '[/TOOL_RESULTS]' }}
 {%- endif %}
@@ -211,7 +222,9 @@ def build_tokenizer_dir(family: Family, target: Path) -> Path:
     tokenizer.save(str(target / "tokenizer.json"))
     config: dict[str, object] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": MISTRAL_STYLE if family.template == "mistral_style" else trl_template(family.template),
+        "chat_template": MISTRAL_STYLE
+        if family.template == "mistral_style"
+        else trl_template(family.template),
         "eos_token": family.eos,
         "bos_token": family.bos,
         "pad_token": "<|endoftext|>",

@@ -155,9 +155,10 @@ class DriftClassifier:
                 return diff("stop_token_rewrite")  # GLM: the sampled opener that ended the last turn
             if s_text == r_text:
                 return diff("assistant_bpe" if all(sampled) else "gen_prompt_merge")
-            wrapper = _EMPTY_THINK.match(s_text)
-            if wrapper and s_text[wrapper.end() :].strip() == r_text.strip():
-                return diff("think_wrapper")
+            for longer, shorter in ((s_text, r_text), (r_text, s_text)):
+                wrapper = _EMPTY_THINK.match(longer)
+                if wrapper and longer[wrapper.end() :].strip() == shorter.strip():
+                    return diff("think_wrapper")
             if ("</think>" in s_text and "</think>" not in r_text) or (
                 "analysis<|message|>" in s_text and "analysis<|message|>" not in r_text
             ):

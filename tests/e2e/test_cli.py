@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sqlite3
@@ -92,3 +93,16 @@ def test_serve_without_a_tokenizer_explains_itself() -> None:
     )
     assert result.returncode == 2
     assert "--tokenizer" in result.stderr
+
+
+def test_check_template_prints_the_verdict(qwen_dir: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "check-template", "--tokenizer", str(qwen_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    verdict = json.loads(result.stdout)
+    assert verdict["close_tokens"] == ["<|im_end|>"]
+    assert verdict["appends"]["tool"]["continues"] is True

@@ -168,3 +168,37 @@ def test_family_conversation_keeps_every_sampled_token(
         assert_invariants(segment, [engine.requests[c] for c in calls], [outputs[c] for c in calls])
         drift = segment["drift"]
         assert drift["unclassified"] == 0, (name, drift["differences"])
+
+
+@pytest.mark.parametrize("family_proxy", ["glm4_moe"], indirect=True)
+def test_glm_turn_ended_by_another_opener_than_what_follows_splits(
+    family_proxy: tuple[str, FakeSGLang, Renderer],
+) -> None:
+    url, engine, renderer = family_proxy
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Hi"}]
+    # The model ends its turn by sampling <|user|>, but the harness sends a tool result.
+    engine.push(renderer.encode("\n<think></think>\nLet me check.<|user|>"))
+    reply = httpx.post(
+        f"{url}/sessions/glm/v1/chat/completions", json={"model": "m", "messages": messages}, timeout=30
+    ).json()["choices"][0]["message"]
+    assert reply["content"] == "Let me check."
+    messages += [reply, {"role": "user", "content": "Go on"}]
+    engine.push(renderer.encode("\n<think></think>\nDone.<|user|>"))
+    httpx.post(
+        f"{url}/sessions/glm/v1/chat/completions", json={"model": "m", "messages": messages}, timeout=30
+    )
+    # The sampled <|user|> opens the next message itself: kept once, not duplicated, one segment.
+    second = engine.requests[1]["input_ids"]
+    user_id = renderer.token_id("<|user|>")
+    assert second[: len(engine.requests[0]["input_ids"])] == engine.requests[0]["input_ids"]
+    tail = renderer.decode(second[len(engine.requests[0]["input_ids"]) :])
+    assert tail.count("<|user|>") == 1
+    assert second.count(user_id) == 2  # the first prompt's and the sampled one
+    # "Done." ended with <|user|>, but a tool result follows: the sampled opener does not fit, so
+    # the proxy renders afresh instead of writing <|user|><|observation|>.
+    messages += [{"role": "assistant", "content": "Done."}, {"role": "tool", "content": "x"}]
+    httpx.post(
+        f"{url}/sessions/glm/v1/chat/completions", json={"model": "m", "messages": messages}, timeout=30
+    )
+    segments = httpx.get(f"{url}/sessions/glm/trajectory").json()["segments"]
+    assert [s["num_calls"] for s in segments] == [2, 1]

@@ -104,6 +104,20 @@ def test_stop_string_turn_is_answered_cut_and_recorded_whole(
     recorded = segment["response_ids"]
     assert recorded == scripted.ids[: len(recorded)]
     assert "STOP" in qwen_tokenizer.decode(recorded)
+    # The harness continues: the sampled tokens stay, and the close is synthesized after them.
+    im_end = token_id(qwen_tokenizer, "<|im_end|>")
+    messages = [
+        {"role": "user", "content": "x"},
+        reply["choices"][0]["message"],
+        {"role": "user", "content": "y"},
+    ]
+    engine.push([*_text_ids(qwen_tokenizer, "fine"), im_end])
+    _chat(proxy_url, messages)
+    [segment] = _segments(proxy_url)
+    assert segment["response_ids"][: len(recorded) + 1] == [*recorded, im_end]
+    assert segment["loss_mask"][len(recorded)] == 0
+    assert [e["kind"] for e in segment["boundary_edits"]] == ["truncation_close_synthesized"]
+    assert segment["drift"]["unclassified"] == 0
 
 
 def test_session_from_header_and_created_when_absent(proxy_url: str, engine: FakeSGLang) -> None:
