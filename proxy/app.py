@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from proxy.api import health, openai, sessions
+from proxy.api import admin, export, health, openai, sessions
 from proxy.app_state import AppState
 from proxy.chat.parsing import build_parser
 from proxy.chat.renderer import Renderer
@@ -20,6 +22,7 @@ from proxy.config import Settings
 from proxy.engines.base import Engine
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.store.database import create_engine, session_factory, upgrade_to_head
+from proxy.store.repository import Repository, utcnow
 from proxy.turns import TurnRunner
 
 log = logging.getLogger("tito_proxy")
@@ -81,9 +84,15 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             model_name=settings.model_name,
             context_length=context_length,
         )
+        async with db_sessions() as db:
+            app.state.proxy.turns.trainer_weight_version = await Repository(db).get_setting(
+                admin.WEIGHT_VERSION_KEY
+            )
+        sweeper = asyncio.create_task(_finish_idle_sessions(app.state.proxy))
         try:
             yield
         finally:
+            sweeper.cancel()
             await inference.aclose()
             await db_engine.dispose()
 
@@ -91,9 +100,30 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     app.include_router(openai.router)
     app.include_router(openai.router, prefix="/sessions/{session_id}")
     app.include_router(sessions.router)
+    app.include_router(export.router)
+    app.include_router(admin.router)
     app.include_router(health.router)
     _install_error_handlers(app)
     return app
+
+
+async def _finish_idle_sessions(state: AppState) -> None:
+    """Finish sessions idle past the timeout, so that harnesses that never finish still export."""
+    timeout = state.settings.session_idle_timeout_s
+    if timeout <= 0:
+        return
+    while True:
+        await asyncio.sleep(min(60.0, timeout / 4))
+        try:
+            async with state.db_sessions() as db, db.begin():
+                repo = Repository(db)
+                idle = await repo.idle_sessions(utcnow() - timedelta(seconds=timeout))
+                for session in idle:
+                    await repo.finish_session(session)
+            if idle:
+                log.info("finished %d idle sessions", len(idle))
+        except Exception:  # a sweep must never take the proxy down; the next one retries
+            log.exception("idle-session sweep failed")
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -1,4 +1,4 @@
-"""The `tito-proxy` command: serve, migrate, check-template, demo-model."""
+"""The `tito-proxy` command: serve, migrate, check-template, export, demo-model."""
 
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ def _serve_parser(sub: Any) -> None:
         "--history-mode",
         choices=["exact", "template"],
         help="exact: continue with the sampled tokens (default); template: a fresh render wins",
+    )
+    serve.add_argument(
+        "--session-idle-timeout-s", type=float, help="finish sessions idle this long (default 3600)"
     )
     serve.add_argument(
         "--tool-parser",
@@ -71,6 +74,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "history_mode",
         "drift_report",
         "tool_parser",
+        "session_idle_timeout_s",
     )
     given = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     return Settings(**given)
@@ -123,6 +127,68 @@ def _check_template(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    """Stream GET /export into a file with a progress bar; with --ack, ack what was written."""
+    import httpx
+
+    params: dict[str, Any] = {"mode": args.mode, "format": args.format, "after": args.after}
+    if args.consumer:
+        params["consumer"] = args.consumer
+    written = 0
+    with httpx.stream("GET", f"{args.url.rstrip('/')}/export", params=params, timeout=None) as response:
+        if response.status_code != 200:
+            response.read()
+            print(f"tito-proxy export: HTTP {response.status_code}: {response.text}", file=sys.stderr)
+            return 1
+        with args.out.open("wb") as sink, _progress(args.out.name) as bar:
+            for chunk in response.iter_bytes():
+                sink.write(chunk)
+                written += len(chunk)
+                bar(len(chunk))
+        # The file is on disk before anything is acked: a crash here re-delivers, never loses.
+        import os
+
+        with args.out.open("rb") as sink:
+            os.fsync(sink.fileno())
+    session_ids = _exported_sessions(args.out, args.format)
+    print(f"wrote {written} bytes, {len(session_ids)} sessions to {args.out}")
+    if args.ack and session_ids:
+        acked = httpx.post(
+            f"{args.url.rstrip('/')}/export/ack",
+            json={"consumer": args.consumer, "session_ids": session_ids},
+            timeout=60,
+        )
+        acked.raise_for_status()
+        print(f"acked {acked.json()['acked']} sessions for consumer {args.consumer!r}")
+    return 0
+
+
+def _exported_sessions(path: Path, fmt: str) -> list[str]:
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        column = pq.read_table(path, columns=["session_id"]).column("session_id").to_pylist()
+        return list(dict.fromkeys(column))
+    import orjson
+
+    with path.open("rb") as lines:
+        return list(dict.fromkeys(orjson.loads(line)["session_id"] for line in lines if line.strip()))
+
+
+def _progress(label: str) -> Any:
+    """A byte-counting progress bar on stderr."""
+    from contextlib import contextmanager
+
+    from tqdm import tqdm
+
+    @contextmanager
+    def bar() -> Any:
+        with tqdm(unit="B", unit_scale=True, desc=label, file=sys.stderr) as progress:
+            yield progress.update
+
+    return bar()
+
+
 def _demo_model(args: argparse.Namespace) -> int:
     from proxy.demo_model import build_demo_model
 
@@ -137,6 +203,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     _serve_parser(sub)
     migrate = sub.add_parser("migrate", help="apply the database migrations and exit (serve does it too)")
     migrate.add_argument("--db", help="SQLAlchemy URL (default: TITO_DB, else sqlite:///tito-proxy.db)")
+    export = sub.add_parser("export", help="download finished trajectories to JSONL or Parquet")
+    export.add_argument("--url", default="http://127.0.0.1:8000", help="the proxy's base URL")
+    export.add_argument("--mode", choices=["merged", "stepwise"], default="merged")
+    export.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
+    export.add_argument("--out", type=Path, required=True)
+    export.add_argument("--after", type=int, default=0, help="export cursor to start after")
+    export.add_argument("--consumer", help="deliver only sessions this consumer has not acked")
+    export.add_argument("--ack", action="store_true", help="ack the written sessions (needs --consumer)")
     check = sub.add_parser("check-template", help="run the chat-template self-test and print its verdict")
     check.add_argument("--tokenizer", type=Path, required=True)
     demo = sub.add_parser("demo-model", help="build a tiny random-weight Qwen3 model offline (needs [local])")
@@ -149,6 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _migrate(args)
     if args.command == "check-template":
         return _check_template(args)
+    if args.command == "export":
+        if args.ack and not args.consumer:
+            parser.error("--ack needs --consumer")
+        return _export(args)
     return _demo_model(args)
 
 

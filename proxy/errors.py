@@ -6,6 +6,7 @@ ProxyError                      500 server_error
 │   ├── ContextLengthExceeded   400 code=context_length_exceeded
 │   └── TemplateError           400 code=template_error (the served template refuses the conversation)
 ├── NotFound                    404 not_found_error
+├── Conflict                    409 conflict_error (a session id that is taken)
 └── EngineError                 502 engine_error (bad answer from the engine)
     ├── EngineUnavailable       503 (cannot connect, or the engine says it is not ready)
     └── EngineTimeout           504
@@ -55,6 +56,12 @@ class NotFound(ProxyError):
     status_code = 404
     error_type = "not_found_error"
     default_code = "not_found"
+
+
+class Conflict(ProxyError):
+    status_code = 409
+    error_type = "conflict_error"
+    default_code = "conflict"
 
 
 class EngineError(ProxyError):

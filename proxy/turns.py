@@ -22,7 +22,7 @@ from proxy.chat.messages import Message, history_key, reasoning_consistent
 from proxy.chat.parsing import OutputParser, ParsedOutput, build_parser
 from proxy.chat.renderer import DeltaUnavailable, Renderer
 from proxy.engines.base import Engine, Generation, SamplingParams
-from proxy.errors import ContextLengthExceeded, EngineError, InvalidRequest
+from proxy.errors import Conflict, ContextLengthExceeded, EngineError, InvalidRequest
 from proxy.store.codec import IdArray, pack_ids, pack_logprobs
 from proxy.store.models import CallRow
 from proxy.store.prompts import ContextCache, rebuild_context
@@ -87,6 +87,8 @@ class TurnRunner:
         self.sessions = sessions
         self.context_length = context_length
         self.history_mode = history_mode
+        # Set by the trainer (POST /admin/weight_version); used when the engine reports no version.
+        self.trainer_weight_version: str | None = None
         self.parser = parser or build_parser("auto", renderer.files.chat_template, renderer.special_texts)
         self.contexts = contexts or ContextCache()
         self._clock = clock
@@ -96,6 +98,8 @@ class TurnRunner:
         async with self.sessions() as db:
             repo = Repository(db)
             session = await repo.get_session(session_id)
+            if session is not None and session.status == "finished":
+                raise Conflict(f"session {session_id!r} is finished; start a new one", param="session_id")
             # A new session pins the date it is first rendered with; it is created with its first call.
             template_now = session.template_now if session is not None else datetime.now()
             parent, appended = await self._find_parent(repo, session_id, request)
@@ -107,6 +111,7 @@ class TurnRunner:
             # One id outside the vocabulary is enough to kill an SGLang server.
             raise InvalidRequest("the rendered prompt holds a token id outside the vocabulary")
         prompt_list = plan.prompt.tolist()
+        dispatched_version = self.trainer_weight_version  # the version current when the call went out
         generation = await self.engine.generate(prompt_list, params)
         generated = self._clock()
 
@@ -141,7 +146,7 @@ class TurnRunner:
             },
             response_message=reply,
             sampling_params=params.as_sglang(),
-            weight_version=generation.weight_version,
+            weight_version=generation.weight_version or dispatched_version,
             engine_meta=generation.meta,
             timings={},
         )

@@ -1,27 +1,132 @@
-"""Trajectories of a session for trainers."""
+"""Sessions for trainers: lifecycle, rewards, one session's trajectory."""
 
 from __future__ import annotations
 
-from typing import Any
+import uuid
+from datetime import datetime
+from typing import Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.api.deps import StateDep, check_session_id
-from proxy.errors import NotFound
+from proxy.errors import Conflict, InvalidRequest, NotFound
 from proxy.export.trajectory import build_trajectories
+from proxy.store.models import SessionRow
 from proxy.store.repository import Repository
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
 
 
-@router.get("/{session_id}/trajectory")
-async def trajectory(session_id: str, state: StateDep) -> dict[str, Any]:
+class NewSession(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class RewardBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reward: float | None = None
+    call_rewards: dict[int, float] | None = None
+
+
+def session_json(session: SessionRow) -> dict[str, Any]:
+    return {
+        "id": session.id,
+        "status": session.status,
+        "created_at": session.created_at.isoformat(),
+        "updated_at": session.updated_at.isoformat(),
+        "finished_at": session.finished_at.isoformat() if session.finished_at else None,
+        "metadata": session.meta,
+        "reward": session.reward,
+    }
+
+
+async def _session(repo: Repository, session_id: str) -> SessionRow:
     check_session_id(session_id)
+    session = await repo.get_session(session_id)
+    if session is None:
+        raise NotFound(f"no session {session_id!r}", param="session_id")
+    return session
+
+
+@router.post("", status_code=201)
+async def create_session(body: NewSession, state: StateDep) -> dict[str, Any]:
+    session_id = check_session_id(body.id) if body.id is not None else uuid.uuid4().hex
+    async with state.db_sessions() as db, db.begin():
+        created = await Repository(db).create_session(session_id, body.metadata, datetime.now())
+        if created is None:
+            raise Conflict(f"session {session_id!r} exists", param="id")
+        return session_json(created)
+
+
+@router.get("")
+async def list_sessions(
+    state: StateDep,
+    status: Literal["active", "finished"] | None = None,
+    after: str | None = None,
+    limit: int = Query(default=100, ge=1, le=1000),
+) -> dict[str, Any]:
+    async with state.db_sessions() as db:
+        rows = await Repository(db).list_sessions(status, after, limit)
+    data = [session_json(s) for s in rows]
+    return {"data": data, "next_cursor": data[-1]["id"] if len(data) == limit else None}
+
+
+@router.get("/{session_id}")
+async def get_session(session_id: str, state: StateDep) -> dict[str, Any]:
     async with state.db_sessions() as db:
         repo = Repository(db)
-        session = await repo.get_session(session_id)
-        if session is None:
-            raise NotFound(f"no session {session_id!r}", param="session_id")
+        session = await _session(repo, session_id)
+        calls = await repo.session_calls(session_id)
+    return {
+        **session_json(session),
+        "num_calls": len(calls),
+        "num_segments": len({c.segment_id for c in calls}),
+    }
+
+
+@router.delete("/{session_id}", status_code=204)
+async def delete_session(session_id: str, state: StateDep) -> Response:
+    async with state.db_sessions() as db, db.begin():
+        repo = Repository(db)
+        await _session(repo, session_id)
+        await repo.delete_session(session_id)
+    return Response(status_code=204)
+
+
+@router.post("/{session_id}/finish")
+async def finish_session(session_id: str, state: StateDep) -> dict[str, Any]:
+    async with state.db_sessions() as db, db.begin():
+        repo = Repository(db)
+        session = await _session(repo, session_id)
+        await repo.finish_session(session)
+        return session_json(session)
+
+
+@router.post("/{session_id}/reward")
+async def set_reward(session_id: str, body: RewardBody, state: StateDep) -> dict[str, Any]:
+    if body.reward is None and not body.call_rewards:
+        raise InvalidRequest("give a reward, call_rewards, or both", param="reward")
+    async with state.db_sessions() as db, db.begin():
+        repo = Repository(db)
+        session = await _session(repo, session_id)
+        if body.reward is not None:
+            session.reward = body.reward
+        if body.call_rewards:
+            unknown = await repo.set_call_rewards(session_id, body.call_rewards)
+            if unknown:
+                raise InvalidRequest(
+                    f"calls {sorted(unknown)} are not calls of this session", param="call_rewards"
+                )
+        return session_json(session)
+
+
+@router.get("/{session_id}/trajectory")
+async def trajectory(session_id: str, state: StateDep) -> dict[str, Any]:
+    async with state.db_sessions() as db:
+        repo = Repository(db)
+        session = await _session(repo, session_id)
         calls = await repo.session_calls(session_id)
     trajectories = build_trajectories(
         calls,

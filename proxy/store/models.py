@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, LargeBinary, String
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -15,6 +15,7 @@ class Base(DeclarativeBase):
 
 class SessionRow(Base):
     __tablename__ = "sessions"
+    __table_args__ = (Index("ix_sessions_status_updated", "status", "updated_at"),)
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     status: Mapped[str] = mapped_column(String(16), default="active")
@@ -22,6 +23,37 @@ class SessionRow(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     # The date chat templates see for this session, fixed at creation so the rendered base never shifts.
     template_now: Mapped[datetime] = mapped_column(DateTime(timezone=False))
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict, server_default="{}")
+    reward: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class FinishedRow(Base):
+    """The order in which sessions finished: its sequence number is the export cursor."""
+
+    __tablename__ = "finished_sessions"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), unique=True)
+
+
+class ExportAckRow(Base):
+    """A consumer has durably taken a session's export; it is not delivered to that consumer again."""
+
+    __tablename__ = "export_acks"
+
+    consumer: Mapped[str] = mapped_column(String(128), primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True)
+    acked_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class SettingRow(Base):
+    """Small process-wide values that must survive restarts (the trainer-set weight version)."""
+
+    __tablename__ = "settings"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(256))
 
 
 class SegmentRow(Base):
@@ -58,6 +90,7 @@ class CallRow(Base):
     response_message: Mapped[dict[str, Any]] = mapped_column(JSON)
     sampling_params: Mapped[dict[str, Any]] = mapped_column(JSON)
     weight_version: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    reward: Mapped[float | None] = mapped_column(Float, nullable=True)
     engine_meta: Mapped[dict[str, Any]] = mapped_column(JSON)
     timings: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
 from sqlalchemy.orm import load_only
 
-from proxy.store.models import CallRow, SegmentRow, SessionRow
+from proxy.store.models import CallRow, ExportAckRow, FinishedRow, SegmentRow, SessionRow, SettingRow
 
 
 @dataclass(frozen=True)
@@ -132,3 +132,139 @@ class Repository:
             session.updated_at = now
         await self.db.flush()
         return row
+
+    # Session lifecycle ------------------------------------------------------------------------
+
+    async def create_session(
+        self, session_id: str, meta: dict[str, Any], template_now: datetime
+    ) -> SessionRow | None:
+        """A new session, or None when the id is taken."""
+        now = utcnow()
+        row = SessionRow(
+            id=session_id,
+            status="active",
+            created_at=now,
+            updated_at=now,
+            template_now=template_now,
+            meta=meta,
+        )
+        try:
+            async with self.db.begin_nested():
+                self.db.add(row)
+        except IntegrityError:
+            return None
+        return row
+
+    async def finish_session(self, session: SessionRow) -> None:
+        """Finished sessions get the next export cursor; finishing twice changes nothing."""
+        if session.status == "finished":
+            return
+        session.status = "finished"
+        session.finished_at = session.updated_at = utcnow()
+        self.db.add(FinishedRow(session_id=session.id))
+        await self.db.flush()
+
+    async def idle_sessions(self, idle_before: datetime, limit: int = 500) -> Sequence[SessionRow]:
+        result = await self.db.scalars(
+            select(SessionRow)
+            .where(SessionRow.status == "active", SessionRow.updated_at < idle_before)
+            .order_by(SessionRow.updated_at)
+            .limit(limit)
+        )
+        return result.all()
+
+    async def list_sessions(self, status: str | None, after: str | None, limit: int) -> Sequence[SessionRow]:
+        query = select(SessionRow).order_by(SessionRow.id).limit(limit)
+        if status is not None:
+            query = query.where(SessionRow.status == status)
+        if after is not None:
+            query = query.where(SessionRow.id > after)
+        return (await self.db.scalars(query)).all()
+
+    async def delete_session(self, session_id: str) -> bool:
+        # Children first: SQLite enforces the foreign keys but the ORM does not cascade for us here.
+        for table, column in (
+            (ExportAckRow, ExportAckRow.session_id),
+            (FinishedRow, FinishedRow.session_id),
+            (CallRow, CallRow.session_id),
+            (SegmentRow, SegmentRow.session_id),
+        ):
+            await self.db.execute(delete(table).where(column == session_id))
+        result = await self.db.execute(delete(SessionRow).where(SessionRow.id == session_id))
+        return bool(getattr(result, "rowcount", 0))
+
+    async def set_call_rewards(self, session_id: str, rewards: dict[int, float]) -> set[int]:
+        """Rewards per call id; returns the ids that are not calls of this session."""
+        known = set(
+            (
+                await self.db.scalars(
+                    select(CallRow.id).where(CallRow.session_id == session_id, CallRow.id.in_(list(rewards)))
+                )
+            ).all()
+        )
+        for call_id in known:
+            await self.db.execute(
+                update(CallRow).where(CallRow.id == call_id).values(reward=rewards[call_id])
+            )
+        return set(rewards) - known
+
+    # Export -----------------------------------------------------------------------------------
+
+    async def finished_page(
+        self, *, after: int, consumer: str | None, limit: int
+    ) -> Sequence[tuple[int, SessionRow]]:
+        """Finished sessions after cursor `after`, in finishing order, minus those `consumer` acked."""
+        query = (
+            select(FinishedRow.seq, SessionRow)
+            .join(SessionRow, SessionRow.id == FinishedRow.session_id)
+            .where(FinishedRow.seq > after)
+            .order_by(FinishedRow.seq)
+            .limit(limit)
+        )
+        if consumer is not None:
+            acked = select(ExportAckRow.session_id).where(ExportAckRow.consumer == consumer)
+            query = query.where(FinishedRow.session_id.not_in(acked))
+        rows = (await self.db.execute(query)).all()
+        return [(int(seq), session) for seq, session in rows]
+
+    async def ack(self, consumer: str, session_ids: Sequence[str]) -> int:
+        """Record that `consumer` has the exports of these finished sessions; returns how many are new."""
+        finished = set(
+            (
+                await self.db.scalars(
+                    select(FinishedRow.session_id).where(FinishedRow.session_id.in_(list(session_ids)))
+                )
+            ).all()
+        )
+        done = set(
+            (
+                await self.db.scalars(
+                    select(ExportAckRow.session_id).where(
+                        ExportAckRow.consumer == consumer, ExportAckRow.session_id.in_(list(finished))
+                    )
+                )
+            ).all()
+        )
+        now = utcnow()
+        for session_id in sorted(finished - done):
+            self.db.add(ExportAckRow(consumer=consumer, session_id=session_id, acked_at=now))
+        await self.db.flush()
+        return len(finished - done)
+
+    async def session_ids_up_to(self, cursor: int) -> Sequence[str]:
+        result = await self.db.scalars(select(FinishedRow.session_id).where(FinishedRow.seq <= cursor))
+        return result.all()
+
+    # Settings ---------------------------------------------------------------------------------
+
+    async def get_setting(self, key: str) -> str | None:
+        row = await self.db.get(SettingRow, key)
+        return row.value if row is not None else None
+
+    async def set_setting(self, key: str, value: str) -> None:
+        row = await self.db.get(SettingRow, key)
+        if row is None:
+            self.db.add(SettingRow(key=key, value=value))
+        else:
+            row.value = value
+        await self.db.flush()

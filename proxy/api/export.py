@@ -1,0 +1,90 @@
+"""Bulk export of finished sessions, streamed in constant memory, delivered once per consumer."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from proxy.api.deps import StateDep
+from proxy.app_state import AppState
+from proxy.errors import InvalidRequest
+from proxy.export.formats import jsonl, parquet_stream, require_pyarrow
+from proxy.export.samples import merged_rows, stepwise_rows
+from proxy.store.repository import Repository
+
+router = APIRouter(tags=["export"])
+PAGE_SESSIONS = 16
+
+
+class AckBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    consumer: str = Field(min_length=1, max_length=128)
+    session_ids: list[str] | None = None
+    cursor: int | None = Field(default=None, ge=0)
+
+
+async def export_pages(
+    state: AppState, mode: str, after: int, consumer: str | None
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """Rows page by page; each page holds PAGE_SESSIONS sessions, so memory stays bounded."""
+    cursor = after
+    while True:
+        async with state.db_sessions() as db:
+            repo = Repository(db)
+            page = await repo.finished_page(after=cursor, consumer=consumer, limit=PAGE_SESSIONS)
+            batch = [(seq, session, await repo.session_calls(session.id)) for seq, session in page]
+        if not batch:
+            return
+        rows: list[dict[str, Any]] = []
+        for seq, session, calls in batch:
+            built = (
+                merged_rows(session, calls, state.renderer, state.settings.drift_report)
+                if mode == "merged"
+                else stepwise_rows(session, calls)
+            )
+            rows.extend({"cursor": seq, **row} for row in built)
+            cursor = seq
+        yield rows
+
+
+@router.get("/export")
+async def export(
+    state: StateDep,
+    *,
+    mode: Literal["merged", "stepwise"] = "merged",
+    format: Literal["jsonl", "parquet"] = "jsonl",
+    status: Literal["finished"] = "finished",
+    after: int = Query(default=0, ge=0),
+    consumer: str | None = Query(default=None, min_length=1, max_length=128),
+) -> StreamingResponse:
+    """Finished sessions after cursor `after`; with `consumer`, only those it has not acked."""
+    require_pyarrow(format)
+    pages = export_pages(state, mode, after, consumer)
+    if format == "parquet":
+        return StreamingResponse(parquet_stream(mode, pages), media_type="application/vnd.apache.parquet")
+
+    async def lines() -> AsyncIterator[bytes]:
+        async for rows in pages:
+            yield jsonl(rows)
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+@router.post("/export/ack")
+async def ack(body: AckBody, state: StateDep) -> dict[str, Any]:
+    """The consumer has stored these sessions' exports; they are not delivered to it again."""
+    if (body.session_ids is None) == (body.cursor is None):
+        raise InvalidRequest("give either session_ids or cursor", param="session_ids")
+    async with state.db_sessions() as db, db.begin():
+        repo = Repository(db)
+        ids = (
+            body.session_ids
+            if body.session_ids is not None
+            else await repo.session_ids_up_to(body.cursor or 0)
+        )
+        acked = await repo.ack(body.consumer, ids)
+    return {"consumer": body.consumer, "acked": acked}
