@@ -25,7 +25,7 @@ from proxy.engines.base import Engine, Generation, SamplingParams
 from proxy.errors import Conflict, ContextLengthExceeded, EngineError, InvalidRequest
 from proxy.store.codec import IdArray, pack_ids, pack_logprobs
 from proxy.store.models import CallRow
-from proxy.store.prompts import ContextCache, rebuild_context
+from proxy.store.prompts import ContextCache, Recorded, rebuild
 from proxy.store.repository import NewCall, Repository
 
 log = logging.getLogger("tito_proxy.turns")
@@ -49,6 +49,8 @@ class PromptPlan:
     added: IdArray
     parent: CallRow | None
     boundary_edits: list[dict[str, Any]]
+    history: list[Message] = field(default_factory=list)  # the parent's recorded conversation
+    appended: list[Message] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -138,8 +140,13 @@ class TurnRunner:
                 "message": generation.finish.message,
             },
             boundary_edits=plan.boundary_edits,
+            # A continuation stores only what it appended; its history is its parent's conversation.
             request={
-                "messages": request.messages,
+                **(
+                    {"messages_added": plan.appended}
+                    if plan.parent is not None
+                    else {"messages": request.messages}
+                ),
                 "tools": request.tools,
                 "chat_template_kwargs": request.template_kwargs,
                 "body": request.raw,
@@ -156,7 +163,16 @@ class TurnRunner:
             row = await repo.add_call(_with_timings(call, started, rendered, generated, self._clock()))
             call_id = row.id
         context = np.concatenate([plan.prompt, np.asarray(generation.output_ids, dtype=np.int32)])
-        self.contexts.put(call_id, context, replaces=plan.parent.id if plan.parent is not None else None)
+        conversation = [
+            *plan.history,
+            *(plan.appended if plan.parent is not None else request.messages),
+            reply,
+        ]
+        self.contexts.put(
+            call_id,
+            Recorded(context, conversation),
+            replaces=plan.parent.id if plan.parent is not None else None,
+        )
         if aborted:
             raise EngineError(
                 f"the engine aborted the request: {generation.finish.message}", code="engine_aborted"
@@ -181,10 +197,19 @@ class TurnRunner:
         echoed = messages[: last_assistant + 1]
         key = history_key(echoed, request.tools, request.template_kwargs)
         for candidate in await repo.calls_with_history(session_id, key):
-            recorded = [*candidate.request["messages"], candidate.response_message]
-            if all(reasoning_consistent(e, r) for e, r in zip(echoed, recorded, strict=True)):
+            recorded = (await self._recorded(repo, candidate)).conversation
+            if len(recorded) == len(echoed) and all(
+                reasoning_consistent(e, r) for e, r in zip(echoed, recorded, strict=True)
+            ):
                 return candidate, messages[last_assistant + 1 :]
         return None, []
+
+    async def _recorded(self, repo: Repository, call: CallRow) -> Recorded:
+        found = self.contexts.get(call.id)
+        if found is None:
+            found = rebuild(await repo.segment_rows(call.segment_id), call.id)
+            self.contexts.put(call.id, found)
+        return found
 
     async def _plan(
         self,
@@ -234,10 +259,8 @@ class TurnRunner:
             template_kwargs=request.template_kwargs,
             now=template_now,
         )
-        context = self.contexts.get(parent.id)
-        if context is None:
-            context = rebuild_context(await repo.segment_token_rows(parent.segment_id), parent.id)
-            self.contexts.put(parent.id, context)
+        recorded = await self._recorded(repo, parent)
+        context = recorded.ids
         edits: list[dict[str, Any]] = []
         added: list[int] = []
         close = self.renderer.token_id(delta.close)
@@ -268,7 +291,12 @@ class TurnRunner:
         added.extend(delta.ids)
         added_ids = np.asarray(added, dtype=np.int32)
         return PromptPlan(
-            prompt=np.concatenate([context, added_ids]), added=added_ids, parent=parent, boundary_edits=edits
+            prompt=np.concatenate([context, added_ids]),
+            added=added_ids,
+            parent=parent,
+            boundary_edits=edits,
+            history=recorded.conversation,
+            appended=list(appended),
         )
 
     def _bounded_sampling(self, request: TurnRequest, prompt_len: int) -> SamplingParams:

@@ -20,6 +20,7 @@ from proxy.errors import TemplateError
 from proxy.export.drift import DriftClassifier, DriftMode, StreamFacts, report
 from proxy.store.codec import unpack_ids, unpack_logprobs
 from proxy.store.models import CallRow
+from proxy.store.prompts import chain_conversation
 
 log = logging.getLogger("tito_proxy.export")
 
@@ -85,7 +86,7 @@ def drift_report(
     trajectory: SegmentTrajectory, renderer: Renderer, mode: DriftMode, template_now: datetime
 ) -> dict[str, Any]:
     last = trajectory.calls[-1]
-    messages = [*last.request["messages"], last.response_message]
+    messages = chain_conversation(trajectory.calls)
     try:
         render = renderer.render_prompt(
             messages,

@@ -1,14 +1,17 @@
-"""Full token contexts of recorded calls, rebuilt from stored deltas and kept in a bounded cache.
+"""What a recorded call extends: its full token context and its conversation, rebuilt from the
+deltas calls store, and kept in a bounded cache.
 
-A call stores only the ids it added to its parent's prompt + output. The context a child extends
-(prompt + output of its parent) is rebuilt by walking the segment once, then cached; a cached
-context is dropped when a child takes over, so memory holds about one context per live branch.
+A call stores only the ids it added to its parent's prompt + output, and only the messages it
+appended to its parent's conversation. Both are rebuilt by walking the segment once, then cached;
+a cached entry is dropped when a child takes over, so memory holds about one per live branch.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -16,36 +19,58 @@ from proxy.store.codec import IdArray, unpack_ids
 from proxy.store.models import CallRow
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """A call's prompt + output ids, and its conversation: the messages through its own reply."""
+
+    ids: IdArray
+    conversation: list[dict[str, Any]]
+
+
+def call_messages(call: CallRow, parent_conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The request messages of `call` as recorded: a root stores them all, a continuation its appends."""
+    if call.parent_id is None or "messages_added" not in call.request:
+        return list(call.request["messages"])  # calls recorded before 0.1.0's delta storage hold them all
+    return [*parent_conversation, *call.request["messages_added"]]
+
+
+def chain_conversation(chain: Sequence[CallRow]) -> list[dict[str, Any]]:
+    """The recorded conversation of the last call of a root-to-leaf chain, its reply included."""
+    conversation: list[dict[str, Any]] = []
+    for call in chain:
+        conversation = [*call_messages(call, conversation), call.response_message]
+    return conversation
+
+
 class ContextCache:
     def __init__(self, max_tokens: int = 64_000_000) -> None:
         self._max_tokens = max_tokens
         self._tokens = 0
-        self._contexts: OrderedDict[int, IdArray] = OrderedDict()
+        self._entries: OrderedDict[int, Recorded] = OrderedDict()
 
-    def get(self, call_id: int) -> IdArray | None:
-        found = self._contexts.get(call_id)
+    def get(self, call_id: int) -> Recorded | None:
+        found = self._entries.get(call_id)
         if found is not None:
-            self._contexts.move_to_end(call_id)
+            self._entries.move_to_end(call_id)
         return found
 
-    def put(self, call_id: int, context: IdArray, *, replaces: int | None = None) -> None:
+    def put(self, call_id: int, recorded: Recorded, *, replaces: int | None = None) -> None:
         if replaces is not None:
             self._drop(replaces)
         self._drop(call_id)
-        self._contexts[call_id] = context
-        self._tokens += len(context)
-        while self._tokens > self._max_tokens and len(self._contexts) > 1:
-            oldest = next(iter(self._contexts))
-            self._drop(oldest)
+        self._entries[call_id] = recorded
+        self._tokens += len(recorded.ids)
+        while self._tokens > self._max_tokens and len(self._entries) > 1:
+            self._drop(next(iter(self._entries)))
 
     def _drop(self, call_id: int) -> None:
-        old = self._contexts.pop(call_id, None)
+        old = self._entries.pop(call_id, None)
         if old is not None:
-            self._tokens -= len(old)
+            self._tokens -= len(old.ids)
 
 
-def rebuild_context(rows: Sequence[CallRow], call_id: int) -> IdArray:
-    """prompt + output of `call_id`, from the stored deltas of its segment's calls."""
+def rebuild(rows: Sequence[CallRow], call_id: int) -> Recorded:
+    """`call_id`'s context and conversation, from the stored deltas of its segment's calls."""
     by_id = {row.id: row for row in rows}
     chain: list[CallRow] = []
     current: int | None = call_id
@@ -53,8 +78,10 @@ def rebuild_context(rows: Sequence[CallRow], call_id: int) -> IdArray:
         row = by_id[current]
         chain.append(row)
         current = row.parent_id
+    chain.reverse()
     pieces: list[IdArray] = []
-    for row in reversed(chain):
+    for row in chain:
         pieces.append(unpack_ids(row.prompt_added))
         pieces.append(unpack_ids(row.output_ids))
-    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+    ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+    return Recorded(ids=ids, conversation=chain_conversation(chain))

@@ -80,12 +80,21 @@ class Repository:
         )
         return result.all()
 
-    async def segment_token_rows(self, segment_id: int) -> Sequence[CallRow]:
-        """The calls of a segment with only what rebuilding their prompts needs."""
+    async def segment_rows(self, segment_id: int) -> Sequence[CallRow]:
+        """The calls of a segment with what rebuilding their contexts and conversations needs."""
         result = await self.db.scalars(
             select(CallRow)
             .where(CallRow.segment_id == segment_id)
-            .options(load_only(CallRow.id, CallRow.parent_id, CallRow.prompt_added, CallRow.output_ids))
+            .options(
+                load_only(
+                    CallRow.id,
+                    CallRow.parent_id,
+                    CallRow.prompt_added,
+                    CallRow.output_ids,
+                    CallRow.request,
+                    CallRow.response_message,
+                )
+            )
             .order_by(CallRow.id)
         )
         return result.all()
