@@ -12,110 +12,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from proxy.demo_model import copy_qwen_tokenizer
+from bench.harness import TOOLS, percentile, running_stack, tool_result
 
-REPLY = '<tool_call>\n{"name": "read_file", "arguments": {"path": "src/main.py"}}\n</tool_call>'
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
-        },
-    }
-]
-# ~1,000 tokens of code-like text per tool result.
-TOOL_RESULT = "\n".join(
-    f"    value_{i} = compute(value_{i - 1}, {i}) + offset  # step {i}" for i in range(1, 42)
-)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _wait_healthy(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url} exited with {process.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not become healthy")
-
-
-def _spawn(stack: ExitStack, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    stack.callback(process.wait, 30)
-    stack.callback(process.terminate)
-    return process
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
+TOOL_RESULT = tool_result(41)  # ~1,000 tokens per tool result
 
 
 def measure(sessions: int, turns: int, measured: tuple[int, ...]) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as work, ExitStack() as stack:
-        tokenizer_dir = Path(work) / "tokenizer"
-        copy_qwen_tokenizer(tokenizer_dir)
-        engine_port, proxy_port = _free_port(), _free_port()
-        engine_url, proxy_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}"
-        engine = _spawn(
-            stack,
-            [
-                sys.executable,
-                "-m",
-                "tests.fakes.sglang",
-                "--tokenizer",
-                str(tokenizer_dir),
-                "--port",
-                str(engine_port),
-                "--reply",
-                REPLY,
-            ],
-        )
-        _wait_healthy(engine_url, engine)
-        env = {**os.environ, "TITO_DB": f"sqlite:///{work}/bench.db", "TITO_LOG_LEVEL": "warning"}
-        proxy = _spawn(
-            stack,
-            [
-                sys.executable,
-                "-m",
-                "proxy",
-                "serve",
-                "--engine-url",
-                engine_url,
-                "--tokenizer",
-                str(tokenizer_dir),
-                "--port",
-                str(proxy_port),
-            ],
-            env,
-        )
-        _wait_healthy(proxy_url, proxy)
+    with tempfile.TemporaryDirectory() as work, running_stack(Path(work)) as stack:
+        engine_url, proxy_url = stack.engine_url, stack.proxy_url
         via_proxy: dict[int, list[float]] = {t: [] for t in measured}
         direct: dict[int, list[float]] = {t: [] for t in measured}
         prompt_tokens: dict[int, int] = {}
@@ -168,8 +80,8 @@ def measure(sessions: int, turns: int, measured: tuple[int, ...]) -> dict[str, A
             "direct_p50_ms": round(statistics.median(direct_ms), 3),
             "proxy_p50_ms": round(statistics.median(proxy_ms), 3),
             "added_p50_ms": round(statistics.median(proxy_ms) - statistics.median(direct_ms), 3),
-            "direct_p99_ms": round(_percentile(direct_ms, 99), 3),
-            "proxy_p99_ms": round(_percentile(proxy_ms, 99), 3),
+            "direct_p99_ms": round(percentile(direct_ms, 99), 3),
+            "proxy_p99_ms": round(percentile(proxy_ms, 99), 3),
         }
     return results
 

@@ -1,0 +1,118 @@
+"""What the benchmarks share: the SGLang stand-in and `tito-proxy serve` as separate processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from proxy.demo_model import copy_qwen_tokenizer
+
+REPLY = '<tool_call>\n{"name": "read_file", "arguments": {"path": "src/main.py"}}\n</tool_call>'
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+]
+
+
+def tool_result(lines: int) -> str:
+    """Code-like text, about 24 tokens a line."""
+    return "\n".join(
+        f"    value_{i} = compute(value_{i - 1}, {i}) + offset  # step {i}" for i in range(1, lines + 1)
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_healthy(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{url} exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not become healthy")
+
+
+@dataclass(frozen=True)
+class Stack:
+    engine_url: str
+    proxy_url: str
+    db_path: Path
+
+
+@contextmanager
+def running_stack(work: Path, *extra_args: str) -> Iterator[Stack]:
+    """The stand-in engine and the proxy (SQLite under `work`), each in its own process."""
+    tokenizer_dir = work / "tokenizer"
+    copy_qwen_tokenizer(tokenizer_dir)
+    engine_port, proxy_port = free_port(), free_port()
+    stack = Stack(f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}", work / "bench.db")
+    with ExitStack() as processes:
+
+        def spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+            process = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            processes.callback(process.wait, 30)
+            processes.callback(process.terminate)
+            return process
+
+        engine = spawn(
+            [
+                sys.executable,
+                "-m",
+                "tests.fakes.sglang",
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--port",
+                str(engine_port),
+                "--reply",
+                REPLY,
+            ]
+        )
+        wait_healthy(stack.engine_url, engine)
+        env = {**os.environ, "TITO_DB": f"sqlite:///{stack.db_path}", "TITO_LOG_LEVEL": "warning"}
+        proxy = spawn(
+            [
+                sys.executable,
+                "-m",
+                "proxy",
+                "serve",
+                "--engine-url",
+                stack.engine_url,
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--port",
+                str(proxy_port),
+                *extra_args,
+            ],
+            env,
+        )
+        wait_healthy(stack.proxy_url, proxy)
+        yield stack
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
