@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from proxy.chat.messages import Message, history_key, reasoning_consistent
 from proxy.chat.parsing import OutputParser, ParsedOutput, build_parser
 from proxy.chat.renderer import DeltaUnavailable, Renderer
-from proxy.engines.base import Engine, Generation, SamplingParams
+from proxy.engines.base import Engine, FinishReason, Generation, SamplingParams
 from proxy.errors import Conflict, ContextLengthExceeded, EngineError, InvalidRequest
 from proxy.store.codec import IdArray, pack_ids, pack_logprobs
 from proxy.store.models import CallRow
@@ -51,6 +51,21 @@ class PromptPlan:
     boundary_edits: list[dict[str, Any]]
     history: list[Message] = field(default_factory=list)  # the parent's recorded conversation
     appended: list[Message] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PreparedTurn:
+    """A turn ready for the engine."""
+
+    session_id: str
+    request: TurnRequest
+    plan: PromptPlan
+    params: SamplingParams
+    template_now: datetime
+    dispatched_version: str | None
+    started: float
+    rendered: float
+    reasoning_open: bool
 
 
 @dataclass(frozen=True)
@@ -95,7 +110,8 @@ class TurnRunner:
         self.contexts = contexts or ContextCache()
         self._clock = clock
 
-    async def run(self, session_id: str, request: TurnRequest) -> TurnResult:
+    async def prepare(self, session_id: str, request: TurnRequest) -> PreparedTurn:
+        """Everything before the engine call: the session, the prompt ids, bounded sampling."""
         started = self._clock()
         async with self.sessions() as db:
             repo = Repository(db)
@@ -106,27 +122,49 @@ class TurnRunner:
             template_now = session.template_now if session is not None else datetime.now()
             parent, appended = await self._find_parent(repo, session_id, request)
             plan = await self._plan(repo, request, parent, appended, template_now)
-        rendered = self._clock()
-
         params = self._bounded_sampling(request, len(plan.prompt))
         if len(plan.added) and int(plan.added.max()) >= self.renderer.vocab_size:
             # One id outside the vocabulary is enough to kill an SGLang server.
             raise InvalidRequest("the rendered prompt holds a token id outside the vocabulary")
-        prompt_list = plan.prompt.tolist()
-        dispatched_version = self.trainer_weight_version  # the version current when the call went out
-        generation = await self.engine.generate(prompt_list, params)
-        generated = self._clock()
+        return PreparedTurn(
+            session_id=session_id,
+            request=request,
+            plan=plan,
+            params=params,
+            template_now=template_now,
+            # The trainer-set version current when the call goes out.
+            dispatched_version=self.trainer_weight_version,
+            started=started,
+            rendered=self._clock(),
+            reasoning_open=self._reasoning_open(plan.prompt),
+        )
 
-        output = self._parse(generation)
+    async def run(self, session_id: str, request: TurnRequest) -> TurnResult:
+        turn = await self.prepare(session_id, request)
+        generation = await self.engine.generate(turn.plan.prompt.tolist(), turn.params)
+        result = await self.record(turn, generation)
+        if generation.finish.kind == "abort":
+            raise EngineError(
+                f"the engine aborted the request: {generation.finish.message}", code="engine_aborted"
+            )
+        return result
+
+    async def record(
+        self, turn: PreparedTurn, generation: Generation, *, status: str | None = None
+    ) -> TurnResult:
+        """Commit the call, then remember its context; the caller answers only after this returns."""
+        generated = self._clock()
+        plan, request = turn.plan, turn.request
+        output = self.parse(generation, reasoning_open=turn.reasoning_open)
         reply = output.as_message()
         finish = _finish_for_openai(generation, output)
-        aborted = generation.finish.kind == "abort"
+        status = status or ("aborted" if generation.finish.kind == "abort" else "ok")
         call = NewCall(
-            session_id=session_id,
+            session_id=turn.session_id,
             segment_id=plan.parent.segment_id if plan.parent is not None else None,
             parent_id=plan.parent.id if plan.parent is not None else None,
             depth=plan.parent.depth + 1 if plan.parent is not None else 0,
-            status="aborted" if aborted else "ok",
+            status=status,
             history_key=history_key([*request.messages, reply], request.tools, request.template_kwargs),
             prompt_len=len(plan.prompt),
             prompt_added=pack_ids(plan.added),
@@ -152,39 +190,45 @@ class TurnRunner:
                 "body": request.raw,
             },
             response_message=reply,
-            sampling_params=params.as_sglang(),
-            weight_version=generation.weight_version or dispatched_version,
+            sampling_params=turn.params.as_sglang(),
+            weight_version=generation.weight_version or turn.dispatched_version,
             engine_meta=generation.meta,
             timings={},
         )
         async with self.sessions() as db, db.begin():
             repo = Repository(db)
-            await repo.get_or_create_session(session_id, template_now=template_now)
-            row = await repo.add_call(_with_timings(call, started, rendered, generated, self._clock()))
+            await repo.get_or_create_session(turn.session_id, template_now=turn.template_now)
+            row = await repo.add_call(
+                _with_timings(call, turn.started, turn.rendered, generated, self._clock())
+            )
             call_id = row.id
-        context = np.concatenate([plan.prompt, np.asarray(generation.output_ids, dtype=np.int32)])
-        conversation = [
-            *plan.history,
-            *(plan.appended if plan.parent is not None else request.messages),
-            reply,
-        ]
-        self.contexts.put(
-            call_id,
-            Recorded(context, conversation),
-            replaces=plan.parent.id if plan.parent is not None else None,
-        )
-        if aborted:
-            raise EngineError(
-                f"the engine aborted the request: {generation.finish.message}", code="engine_aborted"
+        if status == "ok":
+            context = np.concatenate([plan.prompt, np.asarray(generation.output_ids, dtype=np.int32)])
+            conversation = [
+                *plan.history,
+                *(plan.appended if plan.parent is not None else request.messages),
+                reply,
+            ]
+            self.contexts.put(
+                call_id,
+                Recorded(context, conversation),
+                replaces=plan.parent.id if plan.parent is not None else None,
             )
         return TurnResult(
             call_id=call_id,
-            session_id=session_id,
+            session_id=turn.session_id,
             output=output,
             finish_reason=finish,
             prompt_tokens=len(plan.prompt),
             completion_tokens=len(generation.output_ids),
         )
+
+    def _reasoning_open(self, prompt: IdArray) -> bool:
+        """Whether the generation prompt itself opened reasoning (DeepSeek R1's `<think>\\n`)."""
+        if not self.parser.parse_reasoning:
+            return False
+        tail = self.renderer.decode(prompt[-4:].tolist())
+        return tail.rstrip("\n").endswith("<think>")
 
     async def _find_parent(
         self, repo: Repository, session_id: str, request: TurnRequest
@@ -319,15 +363,27 @@ class TurnRunner:
             )
         return params if requested is not None else _replace_max(params, room)
 
-    def _parse(self, generation: Generation) -> ParsedOutput:
-        ids = generation.output_ids
-        if generation.finish.matched_token is not None and ids and ids[-1] == generation.finish.matched_token:
-            ids = ids[:-1]  # the stop token ends the turn; it is not text
+    def output_text(self, output_ids: Sequence[int], finish: FinishReason | None) -> str:
+        """The text of sampled ids as parsers see it: special tokens kept, the stop token and a matched
+        stop string removed (they end the turn; they are not text)."""
+        ids = list(output_ids)
+        if (
+            finish is not None
+            and finish.matched_token is not None
+            and ids
+            and ids[-1] == finish.matched_token
+        ):
+            ids = ids[:-1]
         text = self.renderer.decode(ids)
-        matched = generation.finish.matched_text
+        matched = finish.matched_text if finish is not None else None
         if matched and matched in text:
             text = text[: text.rfind(matched)]
-        return self.parser.parse(text)
+        return text
+
+    def parse(self, generation: Generation, *, reasoning_open: bool = False) -> ParsedOutput:
+        return self.parser.parse(
+            self.output_text(generation.output_ids, generation.finish), reasoning_open=reasoning_open
+        )
 
 
 def _replace_max(params: SamplingParams, max_new_tokens: int) -> SamplingParams:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from fastapi import APIRouter, Response
+from fastapi.responses import StreamingResponse
 
 from proxy.api.deps import SessionIdDep, StateDep
 from proxy.api.schemas import ChatCompletionRequest
+from proxy.api.streaming import sse_events
 from proxy.engines.base import SamplingParams
 from proxy.errors import UnsupportedParameter
 from proxy.turns import TurnRequest, TurnResult
@@ -61,10 +64,10 @@ def _completion_body(result: TurnResult, model: str) -> dict[str, Any]:
     }
 
 
-@router.post("/chat/completions")
+@router.post("/chat/completions", response_model=None)
 async def chat_completions(
     body: ChatCompletionRequest, state: StateDep, session: SessionIdDep, response: Response
-) -> dict[str, Any]:
+) -> dict[str, Any] | StreamingResponse:
     session_id, _ = session
     body.check_supported()
     request = TurnRequest(
@@ -79,6 +82,23 @@ async def chat_completions(
         max_tokens_requested=body.requested_max_tokens,
         raw=body.model_dump(exclude={"messages", "tools", "chat_template_kwargs"}, exclude_none=True),
     )
+    if body.stream:
+        turn = await state.turns.prepare(session_id, request)
+        request_id = uuid.uuid4().hex  # fixed length: SGLang aborts by rid prefix
+        # Opening the engine stream raises here, before any byte is sent, when the engine refuses.
+        chunks = await state.engine.stream(turn.plan.prompt.tolist(), turn.params, request_id)
+        events = sse_events(
+            turns=state.turns,
+            engine=state.engine,
+            turn=turn,
+            chunks=chunks,
+            request_id=request_id,
+            model=body.model,
+            include_usage=bool((body.stream_options or {}).get("include_usage")),
+            keepalive_s=state.settings.stream_keepalive_s,
+        )
+        headers = {"X-Session-Id": session_id, "Cache-Control": "no-cache"}
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
     result = await state.turns.run(session_id, request)
     response.headers["X-Session-Id"] = session_id
     return _completion_body(result, body.model)

@@ -119,6 +119,7 @@ class ChatCompletionRequest(BaseModel):
     stop: str | list[str] | None = None
     n: int | None = Field(default=None, ge=1)
     stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
     seed: int | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
@@ -138,8 +139,10 @@ class ChatCompletionRequest(BaseModel):
         for name in self.model_extra or {}:
             if name not in _INERT_FIELDS:
                 raise UnsupportedParameter(f"parameter {name!r} is not supported by tito-proxy", param=name)
-        if self.stream:
-            raise UnsupportedParameter("streaming is not supported yet; send stream=false", param="stream")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequest("stream_options is only allowed with stream=true", param="stream_options")
+        if self.stream_options and set(self.stream_options) - {"include_usage"}:
+            raise UnsupportedParameter("stream_options supports include_usage only", param="stream_options")
         if self.n is not None and self.n != 1:
             raise UnsupportedParameter("n > 1 is not supported yet", param="n")
         if self.parallel_tool_calls is False:

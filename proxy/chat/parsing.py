@@ -49,15 +49,17 @@ def _value(raw: str) -> Any:
         return raw
 
 
-def split_reasoning(text: str) -> tuple[str | None, str]:
-    """Reasoning and the rest; handles reasoning opened by the generation prompt (no `<think>` sampled)."""
+def split_reasoning(text: str, *, opened: bool = False) -> tuple[str | None, str]:
+    """Reasoning and the rest. `opened`: the generation prompt already opened reasoning (DeepSeek R1),
+    so text before `</think>` is reasoning even without a sampled `<think>`."""
+    if text.lstrip().startswith("<think>") or opened:
+        body = text.lstrip().removeprefix("<think>") if text.lstrip().startswith("<think>") else text
+        reasoning, closed, rest = body.partition("</think>")
+        # Cut off (length) while still reasoning: all of it is reasoning.
+        return reasoning.strip("\n"), rest.lstrip("\n") if closed else ""
     if "</think>" in text:
         reasoning, _, rest = text.partition("</think>")
-        reasoning = reasoning.split("<think>", 1)[-1]
         return reasoning.strip("\n"), rest.lstrip("\n")
-    if text.lstrip().startswith("<think>"):
-        # Cut off (length) while still reasoning: all of it is reasoning.
-        return text.lstrip().removeprefix("<think>").strip("\n"), ""
     return None, text
 
 
@@ -75,10 +77,11 @@ _DEEPSEEK_CALL = re.compile(
 
 
 def _around(text: str, start: str, end: str) -> tuple[str, str]:
-    """Text before the first `start` and after the last `end`, joined as content."""
+    """Text before the first `start` and after the last `end`, joined as content. Only trailing
+    whitespace is cut before a call, so that streamed content is always a prefix of this."""
     before = text[: text.index(start)]
     after = text[text.rindex(end) + len(end) :]
-    return (before.strip() + ("\n" + after.strip() if after.strip() else "")).strip(), ""
+    return before.rstrip() + ("\n" + after.strip() if after.strip() else ""), ""
 
 
 def hermes_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
@@ -147,7 +150,7 @@ def mistral_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
     items = items if isinstance(items, list) else [items]
     if not items or not all(isinstance(i, dict) and isinstance(i.get("name"), str) for i in items):
         return None
-    return before.strip(), [_call(i["name"], i.get("arguments", {})) for i in items]
+    return before.rstrip(), [_call(i["name"], i.get("arguments", {})) for i in items]
 
 
 def deepseek_v3_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
@@ -162,7 +165,7 @@ def deepseek_v3_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
             json.loads(call["function"]["arguments"])
         except ValueError:
             return None
-    return text[: text.index(begin)].strip(), calls
+    return text[: text.index(begin)].rstrip(), calls
 
 
 _HARMONY_MESSAGE = re.compile(
@@ -239,7 +242,7 @@ class OutputParser:
             text = text.replace(special, "")
         return text
 
-    def parse(self, text: str) -> ParsedOutput:
+    def parse(self, text: str, *, reasoning_open: bool = False) -> ParsedOutput:
         if self.name == "gpt_oss":
             parsed = parse_harmony(text)
             if parsed is None:
@@ -247,7 +250,9 @@ class OutputParser:
             return ParsedOutput(
                 self._clean(parsed.content), self._clean(parsed.reasoning_content), parsed.tool_calls
             )
-        reasoning, rest = split_reasoning(text) if self.parse_reasoning else (None, text)
+        reasoning, rest = (
+            split_reasoning(text, opened=reasoning_open) if self.parse_reasoning else (None, text)
+        )
         found = CALL_PARSERS[self.name](rest)
         if found is None:
             return ParsedOutput(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -79,12 +80,31 @@ class EngineInfo:
     weight_version: str | None = None
 
 
+@dataclass(frozen=True)
+class StreamChunk:
+    """New output ids and their logprobs; `finish` is set on the last chunk only."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    finish: FinishReason | None = None
+    weight_version: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
 class Engine(Protocol):
     """An inference engine reachable from the proxy."""
 
     name: str
 
     async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation: ...
+
+    async def stream(
+        self, input_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[StreamChunk]:
+        """Sample incrementally. Raises EngineError subclasses before the first chunk if refused."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
 
     async def info(self) -> EngineInfo: ...
 

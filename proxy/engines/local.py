@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from proxy.engines.base import EngineInfo, FinishReason, Generation, SamplingParams
+from proxy.engines.base import EngineInfo, FinishReason, Generation, SamplingParams, StreamChunk
 from proxy.errors import InvalidRequest
 
 
@@ -148,6 +149,16 @@ class LocalEngine:
             self._cached_tokenizer = tokenizer
         return tokenizer
 
+    async def stream(
+        self, input_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[StreamChunk]:
+        # The CPU engine samples the whole turn, then hands it over as one chunk.
+        generation = await self.generate(input_ids, params)
+        return _single_chunk(generation)
+
+    async def abort(self, request_id: str) -> None:
+        return None
+
     async def info(self) -> EngineInfo:
         return EngineInfo(
             model=self._model_dir.name,
@@ -160,3 +171,9 @@ class LocalEngine:
 
     async def aclose(self) -> None:
         return None
+
+
+async def _single_chunk(generation: Generation) -> AsyncIterator[StreamChunk]:
+    yield StreamChunk(
+        generation.output_ids, generation.logprobs, generation.finish, generation.weight_version
+    )

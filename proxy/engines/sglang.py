@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import orjson
 
-from proxy.engines.base import EngineInfo, FinishReason, Generation, SamplingParams
+from proxy.engines.base import EngineInfo, FinishReason, Generation, SamplingParams, StreamChunk
 from proxy.errors import EngineError, EngineTimeout, EngineUnavailable, InvalidRequest
 
 
@@ -132,6 +134,74 @@ class SGLangEngine:
             body = body[0]
         return parse_generation(body)
 
+    async def stream(
+        self, input_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[StreamChunk]:
+        payload = {
+            "input_ids": input_ids,
+            "sampling_params": params.as_sglang(),
+            "return_logprob": True,
+            "logprob_start_len": -1,
+            "stream": True,
+            "rid": request_id,
+        }
+        request = self._client.build_request(
+            "POST", "/generate", content=orjson.dumps(payload), headers={"content-type": "application/json"}
+        )
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise EngineTimeout("the engine did not answer /generate in time") from exc
+        except httpx.TransportError as exc:
+            raise EngineUnavailable(f"cannot reach the engine at {self._client.base_url}: {exc}") from exc
+        if response.status_code != 200:
+            await response.aread()
+            await response.aclose()
+            if response.status_code == 400:
+                raise InvalidRequest(
+                    f"the engine rejected the request: {_error_message(response)}", code="engine_rejected"
+                )
+            if response.status_code == 503:
+                raise EngineUnavailable(f"the engine is not ready: {_error_message(response)}")
+            raise EngineError(f"the engine answered HTTP {response.status_code}: {_error_message(response)}")
+        return self._chunks(response)
+
+    async def _chunks(self, response: httpx.Response) -> AsyncIterator[StreamChunk]:
+        held = 0  # output ids received so far
+        try:
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                try:
+                    body = orjson.loads(data)
+                except orjson.JSONDecodeError as exc:
+                    raise EngineError("the engine streamed malformed JSON") from exc
+                if isinstance(body, dict) and "error" in body:
+                    error = body["error"]
+                    message = error.get("message") if isinstance(error, dict) else str(error)
+                    raise EngineError(f"the engine failed mid-stream: {message}")
+                chunk, held = _stream_chunk(body, held)
+                yield chunk
+                if chunk.finish is not None:
+                    return
+        except httpx.TimeoutException as exc:
+            raise EngineTimeout("the engine stream stalled past the timeout") from exc
+        except httpx.TransportError as exc:
+            raise EngineError(f"the engine stream was cut: {exc}") from exc
+        finally:
+            await response.aclose()
+        raise EngineError("the engine stream ended without a finish reason")
+
+    async def abort(self, request_id: str) -> None:
+        # Best effort: the request also ends when its connection closes.
+        with contextlib.suppress(httpx.HTTPError):
+            await self._client.post(
+                "/abort_request", json={"rid": request_id, "abort_all": False}, timeout=5.0
+            )
+
     async def info(self) -> EngineInfo:
         model = "unknown"
         context_length: int | None = None
@@ -164,3 +234,32 @@ class SGLangEngine:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _stream_chunk(body: Any, held: int) -> tuple[StreamChunk, int]:
+    """One SSE chunk as new ids: SGLang sends cumulative output by default, deltas with
+    --incremental-streaming-output; completion_tokens is cumulative in both."""
+    if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
+        raise EngineError("the engine streamed a chunk without meta_info")
+    meta = body["meta_info"]
+    ids = body.get("output_ids") or []
+    entries = meta.get("output_token_logprobs") or []
+    total = meta.get("completion_tokens")
+    cumulative = isinstance(total, int) and total == len(ids) and len(ids) >= held
+    new_ids, new_entries = (ids[held:], entries[held:]) if cumulative else (ids, entries)
+    if len(new_entries) != len(new_ids) or any(
+        not isinstance(e, list) or len(e) < 2 or e[1] != t for t, e in zip(new_ids, new_entries, strict=False)
+    ):
+        raise EngineError("the engine streamed logprobs that do not match its output ids")
+    raw_finish = meta.get("finish_reason")
+    version = meta.get("weight_version")
+    chunk = StreamChunk(
+        output_ids=[int(t) for t in new_ids],
+        logprobs=[float(e[0]) for e in new_entries],
+        finish=_finish_reason(raw_finish) if raw_finish is not None else None,
+        weight_version=str(version) if version is not None else None,
+        meta={
+            k: meta[k] for k in ("id", "prompt_tokens", "completion_tokens", "weight_versions") if k in meta
+        },
+    )
+    return chunk, held + len(new_ids)

@@ -31,7 +31,7 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("body", "param", "code"),
     [
-        ({"model": "m", "messages": USER, "stream": True}, "stream", "unsupported_parameter"),
+        ({"model": "m", "messages": USER, "stream_options": {"include_usage": True}}, "stream_options", None),
         ({"model": "m", "messages": USER, "logit_bias": {"1": 2}}, "logit_bias", "unsupported_parameter"),
         ({"model": "m", "messages": USER, "n": 2}, "n", "unsupported_parameter"),
         ({"model": "m", "messages": USER, "seed": 3}, "seed", "unsupported_parameter"),

@@ -3,6 +3,8 @@ answers with scripted token ids and logprobs, so tests know exactly what the eng
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
 import uuid
 from collections import deque
@@ -11,7 +13,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from tokenizers import Tokenizer
 
@@ -67,6 +69,9 @@ class FakeSGLang:
     requests: list[dict[str, Any]] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     crashed: bool = False
+    incremental: bool = False  # like --incremental-streaming-output: chunks carry deltas
+    chunk_delay_s: float = 0.0  # pause between streamed chunks
+    stream_closed: bool = False  # set when a client went away mid-stream
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def push(self, ids: list[int], logprobs: list[float] | None = None) -> ScriptedOutput:
@@ -104,7 +109,7 @@ class FakeSGLang:
                     return ids, logprobs, {"type": "stop", "matched": stop}
         return ids, logprobs, {"type": "length", "length": len(ids)}
 
-    async def generate(self, request: Request) -> JSONResponse:
+    async def generate(self, request: Request) -> Response:
         body = await request.json()
         self.requests.append(body)
         params = body.get("sampling_params") or {}
@@ -143,6 +148,10 @@ class FakeSGLang:
         if max_new is None:
             params = {**params, "max_new_tokens": self.context_length - len(input_ids)}
         ids, logprobs, finish = self._sample(params)
+        if body.get("stream"):
+            return StreamingResponse(
+                self._stream(body, input_ids, ids, logprobs, finish), media_type="text/event-stream"
+            )
         text_ids = (
             ids[:-1] if finish.get("type") == "stop" and isinstance(finish.get("matched"), int) else ids
         )
@@ -165,6 +174,53 @@ class FakeSGLang:
                 },
             }
         )
+
+    def _meta(
+        self,
+        body: dict[str, Any],
+        prompt: list[int],
+        piece: tuple[list[int], list[float]],
+        finish: dict[str, Any] | None,
+        total: int,
+    ) -> dict[str, Any]:
+        ids, logprobs = piece
+        return {
+            "id": body.get("rid"),
+            "finish_reason": finish,
+            "prompt_tokens": len(prompt),
+            "completion_tokens": total,
+            "cached_tokens": 0,
+            "weight_version": self.weight_version,
+            "output_token_logprobs": [[lp, t, None] for t, lp in zip(ids, logprobs, strict=True)],
+        }
+
+    async def _stream(
+        self,
+        body: dict[str, Any],
+        prompt: list[int],
+        ids: list[int],
+        logprobs: list[float],
+        finish: dict[str, Any],
+    ) -> Any:
+        """SSE as SGLang sends it: cumulative chunks by default, one token each here."""
+        try:
+            for end in range(1, len(ids) + 1):
+                start = end - 1 if self.incremental else 0
+                last = end == len(ids)
+                chunk = {
+                    "text": "",
+                    "output_ids": ids[start:end],
+                    "meta_info": self._meta(
+                        body, prompt, (ids[start:end], logprobs[start:end]), finish if last else None, end
+                    ),
+                }
+                yield f"data: {json.dumps(chunk)}\n\n"
+                if self.chunk_delay_s:
+                    await asyncio.sleep(self.chunk_delay_s)
+            yield "data: [DONE]\n\n"
+        except asyncio.CancelledError:
+            self.stream_closed = True
+            raise
 
     async def models(self, _: Request) -> JSONResponse:
         return JSONResponse(

@@ -43,4 +43,4 @@ def test_image_migrates_then_serves() -> None:
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
     assert 'CMD ["serve"]' in dockerfile
     # The proxy's own install: no local-engine extra, so no torch or CUDA in the image.
-    assert 'pip install ".[postgres]"' in dockerfile
+    assert 'pip install ".[postgres,parquet]"' in dockerfile

@@ -1,0 +1,155 @@
+"""stream: true, read as a client reads it: incremental deltas that reassemble to the record."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+from tokenizers import Tokenizer
+
+from tests.conftest import ProxyFactory
+from tests.fakes.sglang import FakeSGLang
+from tests.support import token_id
+
+REPLY = (
+    "<think>\nLet me think ü 🌍.\n</think>\n\nI will call a tool.\n"
+    '<tool_call>\n{"name": "run", "arguments": {"cmd": "ls -la"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "read", "arguments": {"path": "a.py"}}\n</tool_call>'
+)
+TOOLS = [
+    {"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
+    for n in ("run", "read")
+]
+
+
+def _events(url: str, body: dict[str, Any], session: str) -> tuple[list[dict[str, Any]], list[str]]:
+    events: list[dict[str, Any]] = []
+    raw: list[str] = []
+    with httpx.stream(
+        "POST", f"{url}/sessions/{session}/v1/chat/completions", json=body, timeout=60
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line:
+                raw.append(line)
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[6:]))
+    return events, raw
+
+
+def _assemble(events: list[dict[str, Any]]) -> dict[str, Any]:
+    message: dict[str, Any] = {"content": "", "reasoning_content": "", "tool_calls": {}}
+    finish = None
+    for event in events:
+        for choice in event["choices"]:
+            delta = choice["delta"]
+            message["content"] += delta.get("content") or ""
+            message["reasoning_content"] += delta.get("reasoning_content") or ""
+            for call in delta.get("tool_calls") or []:
+                slot = message["tool_calls"].setdefault(
+                    call["index"], {"id": None, "name": "", "arguments": ""}
+                )
+                slot["id"] = call.get("id") or slot["id"]
+                slot["name"] += call.get("function", {}).get("name") or ""
+                slot["arguments"] += call.get("function", {}).get("arguments") or ""
+            finish = choice["finish_reason"] or finish
+    message["finish_reason"] = finish
+    return message
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_stream_reassembles_to_the_non_streaming_answer(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, incremental: bool
+) -> None:
+    engine.incremental = incremental
+    im_end = token_id(qwen_tokenizer, "<|im_end|>")
+    # Two-character pieces: multi-byte characters are split across tokens, and so across chunks.
+    ids = [i for k in range(0, len(REPLY), 2) for i in qwen_tokenizer.encode(REPLY[k : k + 2]).ids] + [im_end]
+    body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "tools": TOOLS, "max_tokens": 500}
+    engine.push(ids)
+    plain = httpx.post(f"{proxy_url}/sessions/plain/v1/chat/completions", json=body).json()
+    engine.push(ids)
+    events, raw = _events(proxy_url, {**body, "stream": True, "stream_options": {"include_usage": True}}, "s")
+    assert raw[-1] == "data: [DONE]"
+    streamed = _assemble(events)
+    expected = plain["choices"][0]["message"]
+    assert streamed["content"] == expected["content"]
+    assert streamed["reasoning_content"] == expected["reasoning_content"]
+    calls = [streamed["tool_calls"][i] for i in sorted(streamed["tool_calls"])]
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in expected["tool_calls"]
+    ]
+    assert streamed["finish_reason"] == "tool_calls"
+    assert events[-1]["usage"] == plain["usage"]
+    content_events = [e for e in events if e["choices"] and e["choices"][0]["delta"].get("reasoning_content")]
+    assert len(content_events) > 3, "reasoning must arrive in several deltas, not at the end"
+    # The record of the streamed turn is token for token the record of the plain one.
+    plain_segment = httpx.get(f"{proxy_url}/sessions/plain/trajectory").json()["segments"][0]
+    stream_segment = httpx.get(f"{proxy_url}/sessions/s/trajectory").json()["segments"][0]
+    for key in ("prompt_ids", "response_ids", "loss_mask", "rollout_logprobs"):
+        assert stream_segment[key] == plain_segment[key]
+
+
+def test_streamed_turn_is_continued_like_a_plain_one(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    im_end = token_id(qwen_tokenizer, "<|im_end|>")
+    engine.push([*qwen_tokenizer.encode("first answer").ids, im_end])
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    events, _ = _events(proxy_url, {"model": "m", "messages": messages, "stream": True}, "c")
+    streamed = _assemble(events)
+    messages += [{"role": "assistant", "content": streamed["content"]}, {"role": "user", "content": "more"}]
+    engine.push([*qwen_tokenizer.encode("second").ids, im_end])
+    _events(proxy_url, {"model": "m", "messages": messages, "stream": True}, "c")
+    [segment] = httpx.get(f"{proxy_url}/sessions/c/trajectory").json()["segments"]
+    assert segment["num_calls"] == 2
+
+
+def test_keepalive_comments_during_silence(
+    start_proxy: ProxyFactory, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    engine.chunk_delay_s = 0.3
+    engine.push([*qwen_tokenizer.encode("a slow answer").ids, token_id(qwen_tokenizer, "<|im_end|>")])
+    with start_proxy(stream_keepalive_s=0.1) as url:
+        _, raw = _events(
+            url, {"model": "m", "messages": [{"role": "user", "content": "go"}], "stream": True}, "k"
+        )
+    assert ": keepalive" in raw
+
+
+def test_client_disconnect_aborts_the_engine_and_records_the_turn_as_aborted(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    engine.chunk_delay_s = 0.05
+    engine.push(qwen_tokenizer.encode(" word" * 200).ids)
+    body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "stream": True, "max_tokens": 300}
+    with httpx.stream(
+        "POST", f"{proxy_url}/sessions/gone/v1/chat/completions", json=body, timeout=30
+    ) as response:
+        for line in response.iter_lines():
+            if '"content": " word"' in line or '"content":" word"' in line:
+                break
+    deadline = time.monotonic() + 10
+    while not engine.aborted:
+        assert time.monotonic() < deadline, "the engine request was not aborted"
+        time.sleep(0.05)
+    assert engine.aborted == [engine.requests[-1]["rid"]]
+    info = httpx.get(f"{proxy_url}/sessions/gone").json()
+    assert info["num_calls"] == 1
+    assert (
+        httpx.get(f"{proxy_url}/sessions/gone/trajectory").json()["segments"] == []
+    )  # aborted: not exported
+
+
+def test_engine_refusal_before_the_stream_is_a_normal_error(start_proxy: ProxyFactory) -> None:
+    with start_proxy(engine_url="http://127.0.0.1:9", context_length=4096) as url:
+        response = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True},
+        )
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "engine_unavailable"
