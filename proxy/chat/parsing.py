@@ -101,28 +101,27 @@ def hermes_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
     return _around(text, "<tool_call>", "</tool_call>")[0], calls
 
 
-def qwen3_coder_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
+def _xml_calls(
+    text: str, call: re.Pattern[str], argument: re.Pattern[str]
+) -> tuple[str, list[dict[str, Any]]] | None:
+    """Calls written as XML inside `<tool_call>`: a name, then key/value argument elements."""
     if "<tool_call>" not in text:
         return text, []
     calls = []
-    for name, body in _CODER_FUNCTION.findall(text):
-        arguments = {key.strip(): _value(value) for key, value in _CODER_PARAMETER.findall(body)}
+    for name, body in call.findall(text):
+        arguments = {key.strip(): _value(value) for key, value in argument.findall(body)}
         calls.append(_call(name.strip(), arguments))
     if not calls or text.count("<tool_call>") != len(calls) or text.count("</tool_call>") != len(calls):
         return None
     return _around(text, "<tool_call>", "</tool_call>")[0], calls
+
+
+def qwen3_coder_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
+    return _xml_calls(text, _CODER_FUNCTION, _CODER_PARAMETER)
 
 
 def glm45_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
-    if "<tool_call>" not in text:
-        return text, []
-    calls = []
-    for name, body in _GLM_CALL.findall(text):
-        arguments = {key.strip(): _value(value) for key, value in _GLM_ARG.findall(body)}
-        calls.append(_call(name.strip(), arguments))
-    if not calls or text.count("<tool_call>") != len(calls) or text.count("</tool_call>") != len(calls):
-        return None
-    return _around(text, "<tool_call>", "</tool_call>")[0], calls
+    return _xml_calls(text, _GLM_CALL, _GLM_ARG)
 
 
 def llama3_json_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:

@@ -150,27 +150,25 @@ class Renderer:
             {"role": "system", "content": BASE_SYSTEM},
             {"role": "user", "content": BASE_USER},
         ]
-        try:
-            return self.render_text(
-                [*base, stub, *appended],
-                tools=tools,
-                add_generation_prompt=True,
-                template_kwargs=template_kwargs,
-                now=now,
-            )
-        except TemplateError:
-            if "tool_calls" not in stub:
-                raise
         # gpt-oss refuses reasoning beside content on a tool-calling turn; such templates keep the
-        # reasoning of tool turns anyway, so the stub's render no longer depends on what follows.
-        del stub["reasoning_content"]
-        return self.render_text(
-            [*base, stub, *appended],
-            tools=tools,
-            add_generation_prompt=True,
-            template_kwargs=template_kwargs,
-            now=now,
-        )
+        # reasoning of tool turns anyway, so without it the stub's render still does not depend on
+        # what follows.
+        variants = [stub]
+        if "tool_calls" in stub:
+            variants.append({k: v for k, v in stub.items() if k != "reasoning_content"})
+        for attempt, variant in enumerate(variants, start=1):
+            try:
+                return self.render_text(
+                    [*base, variant, *appended],
+                    tools=tools,
+                    add_generation_prompt=True,
+                    template_kwargs=template_kwargs,
+                    now=now,
+                )
+            except TemplateError:
+                if attempt == len(variants):
+                    raise
+        raise AssertionError("unreachable: the last variant returns or raises")
 
     def render_delta(
         self,
