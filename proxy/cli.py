@@ -75,6 +75,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "drift_report",
         "tool_parser",
         "session_idle_timeout_s",
+        "stream_keepalive_s",
     )
     given = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     return Settings(**given)
