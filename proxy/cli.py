@@ -38,6 +38,9 @@ def _serve_parser(sub: Any) -> None:
         "--session-idle-timeout-s", type=float, help="finish sessions idle this long (default 3600)"
     )
     serve.add_argument(
+        "--stream-keepalive-s", type=float, help="keepalive comment interval on silent streams (default 15)"
+    )
+    serve.add_argument(
         "--tool-parser",
         choices=[
             "auto",
