@@ -106,7 +106,9 @@ class ChatCompletionRequest(BaseModel):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ToolDefinition] | None = None
-    tool_choice: Literal["auto"] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -145,6 +147,12 @@ class ChatCompletionRequest(BaseModel):
             raise UnsupportedParameter("stream_options supports include_usage only", param="stream_options")
         if self.n is not None and self.n != 1:
             raise UnsupportedParameter("n > 1 is not supported yet", param="n")
+        if self.tool_choice not in (None, "auto"):
+            raise UnsupportedParameter("only tool_choice 'auto' is supported yet", param="tool_choice")
+        if self.logprobs or self.top_logprobs:
+            raise UnsupportedParameter(
+                "logprobs are not returned yet; they are recorded for export", param="logprobs"
+            )
         if self.parallel_tool_calls is False:
             raise UnsupportedParameter(
                 "parallel_tool_calls=false cannot be enforced", param="parallel_tool_calls"

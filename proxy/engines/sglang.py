@@ -226,8 +226,12 @@ class SGLangEngine:
         return EngineInfo(model=model, context_length=context_length, weight_version=weight_version)
 
     async def ready(self) -> bool:
+        # /ready answers without generating; /health (a one-token generation) where /ready is
+        # missing, as behind sglang-router.
         try:
-            response = await self._client.get("/health", timeout=5.0)
+            response = await self._client.get("/ready", timeout=5.0)
+            if response.status_code == 404:
+                response = await self._client.get("/health", timeout=5.0)
         except httpx.HTTPError:
             return False
         return response.status_code == 200

@@ -35,7 +35,8 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
         ({"model": "m", "messages": USER, "logit_bias": {"1": 2}}, "logit_bias", "unsupported_parameter"),
         ({"model": "m", "messages": USER, "n": 2}, "n", "unsupported_parameter"),
         ({"model": "m", "messages": USER, "seed": 3}, "seed", "unsupported_parameter"),
-        ({"model": "m", "messages": USER, "tool_choice": "required"}, "tool_choice", "invalid_value"),
+        ({"model": "m", "messages": USER, "tool_choice": "required"}, "tool_choice", "unsupported_parameter"),
+        ({"model": "m", "messages": USER, "logprobs": True}, "logprobs", "unsupported_parameter"),
         (
             {"model": "m", "messages": [{"role": "wizard", "content": "x"}]},
             "messages.0.role",
