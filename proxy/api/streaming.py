@@ -88,10 +88,12 @@ async def sse_events(
             logprobs += piece.logprobs
             version = piece.weight_version or version
             meta.update(piece.meta)
-            delta = view.update(turns.output_text(ids, piece.finish))
-            if delta and piece.finish is None:
-                yield writer.delta(delta)
-            if piece.finish is not None:
+            if piece.finish is None:
+                delta = view.update(turns.output_text(ids, None))
+                if delta:
+                    yield writer.delta(delta)
+            else:
+                # The last chunk's text goes out from the final parse (view.finish), never twice.
                 generation = Generation(ids, logprobs, piece.finish, weight_version=version, meta=meta)
                 result = await turns.record(turn, generation)  # committed before finish_reason goes out
                 finished = True

@@ -153,3 +153,21 @@ def test_engine_refusal_before_the_stream_is_a_normal_error(start_proxy: ProxyFa
         )
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "engine_unavailable"
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_text_in_the_last_chunk_is_streamed(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, incremental: bool
+) -> None:
+    """A turn cut by max_tokens ends on a text token: it must reach the client, once."""
+    engine.incremental = incremental
+    ids = qwen_tokenizer.encode("one two three four five six").ids
+    body = {"model": "m", "messages": [{"role": "user", "content": "count"}], "max_tokens": 4}
+    engine.push(ids)
+    plain = httpx.post(f"{proxy_url}/sessions/p4/v1/chat/completions", json=body).json()
+    engine.push(ids)
+    events, _ = _events(proxy_url, {**body, "stream": True}, "s4")
+    streamed = _assemble(events)
+    assert plain["choices"][0]["message"]["content"] == qwen_tokenizer.decode(ids[:4])
+    assert streamed["content"] == plain["choices"][0]["message"]["content"]
+    assert streamed["finish_reason"] == "length"

@@ -74,3 +74,29 @@ def test_proxy_serves_the_local_engine_end_to_end(demo_model: Path, tmp_path: Pa
     assert len(segment["prompt_ids"]) + len(segment["response_ids"]) == (
         second.json()["usage"]["prompt_tokens"] + second.json()["usage"]["completion_tokens"]
     )
+
+
+def test_local_engine_streams_its_turn(demo_model: Path, tmp_path: Path) -> None:
+    import json
+
+    import httpx
+
+    from proxy.app import create_app
+    from proxy.config import Settings
+    from tests.support import serve
+
+    settings = Settings(engine="local", model=demo_model, db=f"sqlite:///{tmp_path / 'stream.db'}")
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5, "seed": 3}
+    with serve(create_app(settings)) as url:
+        plain = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+        text = ""
+        with httpx.stream(
+            "POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=60
+        ) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    for choice in json.loads(line[6:])["choices"]:
+                        text += choice["delta"].get("content") or ""
+    # Same seed, same tokens: the streamed text is the plain answer.
+    assert text == plain["choices"][0]["message"]["content"]
+    assert text
