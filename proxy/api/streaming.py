@@ -63,7 +63,7 @@ async def sse_events(
     keepalive_s: float,
 ) -> AsyncIterator[bytes]:
     writer = ChunkWriter(f"chatcmpl-{request_id}", model)
-    view = StreamedMessage(turns.parser, reasoning_open=turn.reasoning_open)
+    view = StreamedMessage(turns.parser, reasoning_open=turn.reasoning_open, stop_strings=turn.params.stop)
     ids: list[int] = []
     logprobs: list[float] = []
     version: str | None = None

@@ -37,6 +37,7 @@ def _hold_marker_prefix(text: str, markers: tuple[str, ...]) -> str:
 class StreamedMessage:
     parser: OutputParser
     reasoning_open: bool = False
+    stop_strings: tuple[str, ...] = ()  # the turn's text ends before any of these
     sent_reasoning: str = ""
     sent_content: str = ""
     diverged: bool = False
@@ -49,6 +50,8 @@ class StreamedMessage:
     def _view(self, text: str) -> tuple[str, str]:
         """Reasoning and content that every continuation of `text` starts with."""
         text = text.removesuffix("\ufffd")  # half of a UTF-8 character
+        # Text that may be the start of a stop string is not the turn's text until the engine says so.
+        text = _hold_marker_prefix(text, self.stop_strings)
         if self._buffer_all:
             return "", ""
         rest = text

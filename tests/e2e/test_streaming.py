@@ -171,3 +171,16 @@ def test_text_in_the_last_chunk_is_streamed(
     assert plain["choices"][0]["message"]["content"] == qwen_tokenizer.decode(ids[:4])
     assert streamed["content"] == plain["choices"][0]["message"]["content"]
     assert streamed["finish_reason"] == "length"
+
+
+def test_a_stop_string_split_across_chunks_is_never_streamed(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    pieces = ["alpha", " beta", " ST", "OP", " gamma"]
+    ids = [i for piece in pieces for i in qwen_tokenizer.encode(piece).ids]
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": ["STOP"]}
+    engine.push(ids)
+    events, _ = _events(proxy_url, {**body, "stream": True}, "stop")
+    streamed = _assemble(events)
+    assert streamed["content"] == "alpha beta "
+    assert not any("ST" in (e["choices"][0]["delta"].get("content") or "") for e in events if e["choices"])
