@@ -234,7 +234,8 @@ class OutputParser:
     parse_reasoning: bool
     special_texts: tuple[str, ...] = ()
 
-    def _clean(self, text: str | None) -> str | None:
+    def clean(self, text: str | None) -> str | None:
+        """`text` without special-token text (which is structure, not words)."""
         if text is None:
             return None
         for special in self.special_texts:
@@ -245,9 +246,9 @@ class OutputParser:
         if self.name == "gpt_oss":
             parsed = parse_harmony(text)
             if parsed is None:
-                return ParsedOutput(content=self._clean(text), reasoning_content=None, tool_calls=[])
+                return ParsedOutput(content=self.clean(text), reasoning_content=None, tool_calls=[])
             return ParsedOutput(
-                self._clean(parsed.content), self._clean(parsed.reasoning_content), parsed.tool_calls
+                self.clean(parsed.content), self.clean(parsed.reasoning_content), parsed.tool_calls
             )
         reasoning, rest = (
             split_reasoning(text, opened=reasoning_open) if self.parse_reasoning else (None, text)
@@ -255,12 +256,12 @@ class OutputParser:
         found = CALL_PARSERS[self.name](rest)
         if found is None:
             return ParsedOutput(
-                content=self._clean(rest), reasoning_content=self._clean(reasoning), tool_calls=[]
+                content=self.clean(rest), reasoning_content=self.clean(reasoning), tool_calls=[]
             )
         content, calls = found
         return ParsedOutput(
-            content=self._clean(content) if content or not calls else None,
-            reasoning_content=self._clean(reasoning),
+            content=self.clean(content) if content or not calls else None,
+            reasoning_content=self.clean(reasoning),
             tool_calls=calls,
         )
 

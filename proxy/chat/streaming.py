@@ -79,7 +79,8 @@ class StreamedMessage:
 
     def update(self, text: str) -> dict[str, str]:
         reasoning, content = self._view(text)
-        return self._deltas(reasoning, content)
+        # Cleaned as the final parse cleans them, so that both agree.
+        return self._deltas(self.parser.clean(reasoning) or "", self.parser.clean(content) or "")
 
     def _deltas(self, reasoning: str, content: str) -> dict[str, str]:
         delta: dict[str, str] = {}
