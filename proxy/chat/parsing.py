@@ -57,9 +57,8 @@ def split_reasoning(text: str, *, opened: bool = False) -> tuple[str | None, str
         reasoning, closed, rest = body.partition("</think>")
         # Cut off (length) while still reasoning: all of it is reasoning.
         return reasoning.strip("\n"), rest.lstrip("\n") if closed else ""
-    if "</think>" in text:
-        reasoning, _, rest = text.partition("</think>")
-        return reasoning.strip("\n"), rest.lstrip("\n")
+    # A `</think>` that neither the model nor the prompt opened is text: the proxy knows from the
+    # prompt whether reasoning was opened, so it never guesses.
     return None, text
 
 

@@ -70,8 +70,6 @@ class StreamedMessage:
                 reasoning, rest = inside.strip("\n"), after.lstrip("\n")
                 if not rest:
                     return reasoning, ""
-            elif "</think>" in text or _hold_marker_prefix(text, ("</think>",)) != text:
-                return "", ""  # reasoning closed without an opener: decided at the end
         markers = _CALL_MARKERS.get(self.parser.name, ())
         found = [rest.index(m) for m in markers if m in rest]
         content = rest[: min(found)] if found else _hold_marker_prefix(rest, markers)

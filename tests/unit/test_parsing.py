@@ -35,6 +35,7 @@ def test_malformed_tool_call_is_content() -> None:
 
 
 def test_reasoning_opened_by_the_generation_prompt() -> None:
-    assert split_reasoning("thinking\n</think>\n\nanswer") == ("thinking", "answer")
+    assert split_reasoning("thinking\n</think>\n\nanswer", opened=True) == ("thinking", "answer")
+    assert split_reasoning("thinking\n</think>\n\nanswer") == (None, "thinking\n</think>\n\nanswer")
     assert split_reasoning("<think>\nstill thinking") == ("still thinking", "")
     assert split_reasoning("plain") == (None, "plain")
