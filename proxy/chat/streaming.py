@@ -58,8 +58,8 @@ class StreamedMessage:
         reasoning = ""
         if self.parser.parse_reasoning:
             stripped = text.lstrip()
-            if not stripped or ("<think>".startswith(stripped) and not self.reasoning_open):
-                return "", ""  # may still become `<think>`
+            if not stripped or "<think>".startswith(stripped):
+                return "", ""  # may still become `<think>` (a model may open it after the prompt did)
             if stripped.startswith("<think>") or self.reasoning_open:
                 body = stripped.removeprefix("<think>") if stripped.startswith("<think>") else text
                 inside, closed, after = body.partition("</think>")

@@ -31,7 +31,7 @@ PIECES = st.sampled_from(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=1500, deadline=None)
 @given(
     pieces=st.lists(PIECES, max_size=14),
     cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=8),
