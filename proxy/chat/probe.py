@@ -207,22 +207,17 @@ class TemplateProbe:
         text = self._text([*context, *new], add_generation_prompt=True, now=_PINNED)
         if text is None:
             return f"the template refuses a {kind} message after an assistant turn"
-        start = text.rfind(ANSWER) + len(ANSWER)
-        ends = [(at, c) for c in self.renderer.verdict.close_tokens if (at := text.find(c, start)) >= 0]
-        if not ends:
-            return "no close token after the assistant turn in a full render"
-        close_at, close = min(ends)
-        head = self.renderer.encode(text[: close_at + len(close)])
-        full = self.renderer.encode(text)
-        if full[: len(head)] != head:
-            return "the render is not a token prefix at the assistant's close"
+        try:
+            tail = self.renderer.cut_after_close(text, text.rfind(ANSWER) + len(ANSWER))
+        except DeltaUnavailable as exc:
+            return f"in a full render: {exc}"
         try:
             delta = self.renderer.render_delta(
                 context[-1], new, tools=None, template_kwargs=None, now=_PINNED
             )
         except (DeltaUnavailable, TemplateError) as exc:
             return f"no fixed-base delta: {exc}"
-        if delta.ids != full[len(head) :]:
+        if delta.ids != tail.ids:
             return (
                 f"a full render puts other tokens after the assistant turn than the fixed-base delta when a "
                 f"{kind} message follows (the template rewrites earlier turns or moves messages)"

@@ -9,7 +9,7 @@ What the served template allows is decided once by the start-up probe (proxy/cha
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -52,21 +52,12 @@ class Renderer:
         )
         self.arguments_as: Literal["object", "string"] = "object"
         self.verdict: TemplateVerdict = TemplateProbe(self).run()
-
-    @property
-    def close_token_ids(self) -> frozenset[int]:
-        ids = (self.token_id(text) for text in self.verdict.close_tokens)
-        return frozenset(i for i in ids if i is not None)
-
-    @property
-    def stop_token_ids(self) -> tuple[int, ...]:
-        """What the engine must stop on: the tokens that end a sampled turn, and EOS."""
-        stops = {i for t in self.verdict.sampled_stop_tokens if (i := self.token_id(t)) is not None}
-        eos = self.files.special_tokens.get("eos_token")
-        eos_id = self.token_id(eos) if eos else None
-        if eos_id is not None:
-            stops.add(eos_id)
-        return tuple(sorted(stops))
+        # Fixed for the process: derived once, read on every turn.
+        self.close_token_ids = self._ids_of(self.verdict.close_tokens)
+        # What the engine must stop on: the tokens that end a sampled turn, and EOS.
+        eos = files.special_tokens.get("eos_token")
+        stops = self._ids_of(self.verdict.sampled_stop_tokens | ({eos} if eos else set()))
+        self.stop_token_ids: tuple[int, ...] = tuple(sorted(stops))
 
     @property
     def vocab_size(self) -> int:
@@ -77,6 +68,9 @@ class Renderer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    def _ids_of(self, texts: Iterable[str]) -> frozenset[int]:
+        return frozenset(i for text in texts if (i := self.token_id(text)) is not None)
 
     def token_id(self, text: str) -> int | None:
         found = self.tokenizer.token_to_id(text)
@@ -180,20 +174,23 @@ class Renderer:
         now: datetime | None,
     ) -> Delta:
         """Ids a render puts after an assistant turn's close for `appended`, and the generation prompt."""
-        closes = self.verdict.close_tokens
-        if not closes:
+        if not self.verdict.close_tokens:
             raise DeltaUnavailable("the template has no token that closes an assistant turn")
         text = self._render_with_stub(previous_assistant, appended, tools, template_kwargs, now)
         stub_at = text.rfind(STUB_CONTENT)
         if stub_at < 0:
             raise DeltaUnavailable("the assistant stub is missing from the fixed-base render")
-        start = stub_at + len(STUB_CONTENT)
-        ends = [(at, close) for close in closes if (at := text.find(close, start)) >= 0]
+        return self.cut_after_close(text, stub_at + len(STUB_CONTENT))
+
+    def cut_after_close(self, text: str, start: int) -> Delta:
+        """The ids of `text` after the first close token at or past `start`, trusted only when the
+        text up to that close encodes to a token prefix of the whole."""
+        ends = [(at, close) for close in self.verdict.close_tokens if (at := text.find(close, start)) >= 0]
         if not ends:
-            raise DeltaUnavailable("no close token after the stub in the fixed-base render")
+            raise DeltaUnavailable("no close token after the assistant turn in the render")
         close_at, close = min(ends)
         head_ids = self.encode(text[: close_at + len(close)])
         full_ids = self.encode(text)
         if full_ids[: len(head_ids)] != head_ids:
-            raise DeltaUnavailable("the fixed-base render is not a token prefix at the stub's close")
+            raise DeltaUnavailable("the render is not a token prefix at the assistant's close")
         return Delta(ids=full_ids[len(head_ids) :], close=close)
