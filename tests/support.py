@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import uvicorn
 from tokenizers import Tokenizer
 
@@ -39,3 +40,26 @@ def serve(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def chat(url: str, messages: list[dict[str, Any]], session: str, **extra: Any) -> dict[str, Any]:
+    """One chat completion in `session` (max_tokens 64 unless given); it must succeed."""
+    body = {"model": "m", "messages": messages, "max_tokens": 64, **extra}
+    response = httpx.post(f"{url}/sessions/{session}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def reply(url: str, messages: list[dict[str, Any]], session: str, **extra: Any) -> dict[str, Any]:
+    """The assistant message of one successful chat completion."""
+    message: dict[str, Any] = chat(url, messages, session, **extra)["choices"][0]["message"]
+    return message
+
+
+def segments(url: str, session: str) -> list[dict[str, Any]]:
+    """The session's exported segments."""
+    response = httpx.get(f"{url}/sessions/{session}/trajectory")
+    assert response.status_code == 200, response.text
+    found: list[dict[str, Any]] = response.json()["segments"]
+    return found

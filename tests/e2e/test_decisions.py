@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 from tests.conftest import ProxyFactory
 from tests.fakes.sglang import FakeSGLang
 from tests.families import FAMILIES, build_tokenizer_dir
-from tests.support import token_id
+from tests.support import reply, segments, token_id
 
 TOOL_A = {"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {}}}}
 TOOL_B = {"type": "function", "function": {"name": "b", "parameters": {"type": "object", "properties": {}}}}
@@ -23,19 +23,11 @@ def _ids(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 def _chat(url: str, messages: list[dict[str, Any]], session: str = "d", **extra: Any) -> dict[str, Any]:
-    response = httpx.post(
-        f"{url}/sessions/{session}/v1/chat/completions",
-        json={"model": "m", "messages": messages, "max_tokens": 64, **extra},
-        timeout=30,
-    )
-    assert response.status_code == 200, response.text
-    message: dict[str, Any] = response.json()["choices"][0]["message"]
-    return message
+    return reply(url, messages, session, **extra)
 
 
 def _segments(url: str, session: str = "d") -> list[dict[str, Any]]:
-    segments: list[dict[str, Any]] = httpx.get(f"{url}/sessions/{session}/trajectory").json()["segments"]
-    return segments
+    return segments(url, session)
 
 
 def test_changed_tool_list_starts_a_new_segment(

@@ -11,22 +11,15 @@ from tokenizers import Tokenizer
 from tests.conftest import ProxyFactory
 from tests.fakes.sglang import FakeSGLang
 from tests.invariants import assert_invariants
-from tests.support import token_id
+from tests.support import chat, segments, token_id
 
 
 def _chat(url: str, messages: list[dict[str, Any]], session: str = "s", **extra: Any) -> dict[str, Any]:
-    body = {"model": "m", "messages": messages, "max_tokens": 64, **extra}
-    response = httpx.post(f"{url}/sessions/{session}/v1/chat/completions", json=body, timeout=30)
-    assert response.status_code == 200, response.text
-    result: dict[str, Any] = response.json()
-    return result
+    return chat(url, messages, session, **extra)
 
 
 def _segments(url: str, session: str = "s") -> list[dict[str, Any]]:
-    response = httpx.get(f"{url}/sessions/{session}/trajectory")
-    assert response.status_code == 200, response.text
-    segments: list[dict[str, Any]] = response.json()["segments"]
-    return segments
+    return segments(url, session)
 
 
 def _text_ids(tokenizer: Tokenizer, text: str) -> list[int]:

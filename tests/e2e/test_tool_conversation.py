@@ -152,18 +152,32 @@ def _reference_render(qwen_dir: Path, messages: list[dict[str, Any]], reasoning:
     return ids  # type: ignore[return-value]
 
 
+def _checked_stream_and_render(
+    url: str,
+    engine: FakeSGLang,
+    tokenizer: Tokenizer,
+    qwen_dir: Path,
+    *,
+    canonical: bool,
+    echo_reasoning: bool,
+) -> tuple[list[int], list[int]]:
+    """Run the conversation, check I1-I6 on its one segment; return its stream and the reference render."""
+    messages, outputs = run_conversation(
+        url, engine, tokenizer, canonical=canonical, echo_reasoning=echo_reasoning
+    )
+    segment = _segment(url)
+    assert_invariants(segment, engine.requests, outputs)
+    reasoning = [text.split("</think>")[0].removeprefix("<think>\n").rstrip("\n") for text, _ in TURNS]
+    return segment["prompt_ids"] + segment["response_ids"], _reference_render(qwen_dir, messages, reasoning)
+
+
 @pytest.mark.parametrize("echo_reasoning", [True, False])
 def test_canonical_outputs_match_the_full_render_token_for_token(
     proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, qwen_dir: Path, echo_reasoning: bool
 ) -> None:
-    messages, outputs = run_conversation(
-        proxy_url, engine, qwen_tokenizer, canonical=True, echo_reasoning=echo_reasoning
+    stream, render = _checked_stream_and_render(
+        proxy_url, engine, qwen_tokenizer, qwen_dir, canonical=True, echo_reasoning=echo_reasoning
     )
-    segment = _segment(proxy_url)
-    assert_invariants(segment, engine.requests, outputs)
-    reasoning = [text.split("</think>")[0].removeprefix("<think>\n").rstrip("\n") for text, _ in TURNS]
-    render = _reference_render(qwen_dir, messages, reasoning)
-    stream = segment["prompt_ids"] + segment["response_ids"]
     # Only difference: the separator after the last turn's close, which the engine never samples.
     assert stream == render[:-1]
     assert render[-1:] == qwen_tokenizer.encode("\n", add_special_tokens=False).ids
@@ -172,14 +186,9 @@ def test_canonical_outputs_match_the_full_render_token_for_token(
 def test_sampled_ids_are_kept_when_they_differ_from_a_retokenization(
     proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, qwen_dir: Path
 ) -> None:
-    messages, outputs = run_conversation(
-        proxy_url, engine, qwen_tokenizer, canonical=False, echo_reasoning=False
+    stream, render = _checked_stream_and_render(
+        proxy_url, engine, qwen_tokenizer, qwen_dir, canonical=False, echo_reasoning=False
     )
-    segment = _segment(proxy_url)
-    assert_invariants(segment, engine.requests, outputs)
-    reasoning = [text.split("</think>")[0].removeprefix("<think>\n").rstrip("\n") for text, _ in TURNS]
-    render = _reference_render(qwen_dir, messages, reasoning)
-    stream = segment["prompt_ids"] + segment["response_ids"]
     assert stream != render[:-1], "the scripted ids should differ from a canonical tokenization"
     # Same text: the only differences are inside sampled assistant tokens (assistant_bpe drift).
     assert qwen_tokenizer.decode(stream, skip_special_tokens=False) == qwen_tokenizer.decode(
