@@ -36,9 +36,13 @@ def new_tool_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def _call(name: str, arguments: Any) -> dict[str, Any]:
+def _call(name: str, arguments: Any, call_id: str | None = None) -> dict[str, Any]:
     text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return {"id": new_tool_call_id(), "type": "function", "function": {"name": name, "arguments": text}}
+    return {
+        "id": call_id or new_tool_call_id(),
+        "type": "function",
+        "function": {"name": name, "arguments": text},
+    }
 
 
 def _value(raw: str) -> Any:
@@ -166,6 +170,35 @@ def deepseek_v3_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
     return text[: text.index(begin)].rstrip(), calls
 
 
+_KIMI_SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
+_KIMI_CALL = re.compile(
+    r"<\|tool_call_begin\|>\s*([^\s<]+?)\s*<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>", re.DOTALL
+)
+
+
+def kimi_k2_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
+    """Kimi K2: the sampled call id (`functions.NAME:INDEX`) is kept, since its template renders it
+    back into history."""
+    begin, end = _KIMI_SECTION
+    if begin not in text:
+        return text, []
+    if end not in text:
+        return None
+    calls = []
+    for call_id, arguments in _KIMI_CALL.findall(text[text.index(begin) : text.index(end)]):
+        name = call_id.removeprefix("functions.").rpartition(":")[0]
+        try:
+            json.loads(arguments)
+        except ValueError:
+            return None
+        if not name:
+            return None
+        calls.append(_call(name, arguments.strip(), call_id))
+    if not calls:
+        return None
+    return _around(text, begin, end)[0], calls
+
+
 _HARMONY_MESSAGE = re.compile(
     r"(?:<\|start\|>assistant)?(.*?)<\|message\|>(.*?)(?:<\|end\|>|<\|call\|>|<\|return\|>|$)", re.DOTALL
 )
@@ -204,6 +237,7 @@ CALL_PARSERS: dict[str, CallsParser] = {
     "llama3_json": llama3_json_calls,
     "deepseek_v3": deepseek_v3_calls,
     "mistral": mistral_calls,
+    "kimi_k2": kimi_k2_calls,
 }
 PARSER_NAMES = (*CALL_PARSERS, "gpt_oss")
 
@@ -212,6 +246,8 @@ def detect_parser(template: str) -> str:
     """The output format a chat template teaches its model."""
     if "<|channel|>" in template:
         return "gpt_oss"
+    if "<|tool_calls_section_begin|>" in template:
+        return "kimi_k2"
     if "tool▁calls▁begin" in template:
         return "deepseek_v3"
     if "[TOOL_CALLS]" in template:
@@ -232,6 +268,8 @@ class OutputParser:
     name: str
     parse_reasoning: bool
     special_texts: tuple[str, ...] = ()
+    # False for tool_choice "none": call markup stays text, as the model wrote it.
+    tool_calls: bool = True
 
     def clean(self, text: str | None) -> str | None:
         """`text` without special-token text (which is structure, not words)."""
@@ -244,6 +282,8 @@ class OutputParser:
     def parse(self, text: str, *, reasoning_open: bool = False) -> ParsedOutput:
         if self.name == "gpt_oss":
             parsed = parse_harmony(text)
+            if parsed is not None and parsed.tool_calls and not self.tool_calls:
+                parsed = None
             if parsed is None:
                 return ParsedOutput(content=self.clean(text), reasoning_content=None, tool_calls=[])
             return ParsedOutput(
@@ -252,7 +292,7 @@ class OutputParser:
         reasoning, rest = (
             split_reasoning(text, opened=reasoning_open) if self.parse_reasoning else (None, text)
         )
-        found = CALL_PARSERS[self.name](rest)
+        found = CALL_PARSERS[self.name](rest) if self.tool_calls else (rest, [])
         if found is None:
             return ParsedOutput(
                 content=self.clean(rest), reasoning_content=self.clean(reasoning), tool_calls=[]

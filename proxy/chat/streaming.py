@@ -20,6 +20,7 @@ _CALL_MARKERS = {
     "glm45": ("<tool_call>",),
     "mistral": ("[TOOL_CALLS]",),
     "deepseek_v3": ("<｜tool▁calls▁begin｜>",),
+    "kimi_k2": ("<|tool_calls_section_begin|>",),
     "llama3_json": (),
     "gpt_oss": (),
 }
@@ -45,7 +46,9 @@ class StreamedMessage:
 
     def __post_init__(self) -> None:
         # gpt-oss harmony and Llama's bare JSON calls are only known whole: streamed at the end.
-        self._buffer_all = self.parser.name in ("gpt_oss", "llama3_json")
+        self._buffer_all = self.parser.name == "gpt_oss" or (
+            self.parser.name == "llama3_json" and self.parser.tool_calls
+        )
 
     def _view(self, text: str) -> tuple[str, str]:
         """Reasoning and content that every continuation of `text` starts with."""
@@ -70,7 +73,7 @@ class StreamedMessage:
                 reasoning, rest = inside.strip("\n"), after.lstrip("\n")
                 if not rest:
                     return reasoning, ""
-        markers = _CALL_MARKERS.get(self.parser.name, ())
+        markers = _CALL_MARKERS.get(self.parser.name, ()) if self.parser.tool_calls else ()
         found = [rest.index(m) for m in markers if m in rest]
         content = rest[: min(found)] if found else _hold_marker_prefix(rest, markers)
         return reasoning, content.rstrip()

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import json
 
-from proxy.chat.parsing import parse_output, split_reasoning
+from proxy.chat.parsing import OutputParser, detect_parser, parse_output, split_reasoning
+from proxy.chat.streaming import StreamedMessage
 
 
 def test_reasoning_and_tool_calls() -> None:
@@ -39,3 +40,51 @@ def test_reasoning_opened_by_the_generation_prompt() -> None:
     assert split_reasoning("thinking\n</think>\n\nanswer") == (None, "thinking\n</think>\n\nanswer")
     assert split_reasoning("<think>\nstill thinking") == ("still thinking", "")
     assert split_reasoning("plain") == (None, "plain")
+
+
+KIMI_CALLS = (
+    "Checking both.<|tool_calls_section_begin|>"
+    '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
+    '<|tool_call_begin|>functions.read_file:1<|tool_call_argument_begin|>{"path": "a.py"}<|tool_call_end|>'
+    "<|tool_calls_section_end|>"
+)
+
+
+def test_kimi_k2_calls_keep_the_sampled_call_ids() -> None:
+    parsed = parse_output(
+        "<think>\nweather first\n</think>" + KIMI_CALLS, parse_reasoning=True, parser="kimi_k2"
+    )
+    assert parsed.reasoning_content == "weather first"
+    assert parsed.content == "Checking both."
+    # Kimi's template renders the id back into history, so it must be the sampled one.
+    assert [c["id"] for c in parsed.tool_calls] == ["functions.get_weather:0", "functions.read_file:1"]
+    assert [c["function"]["name"] for c in parsed.tool_calls] == ["get_weather", "read_file"]
+    assert json.loads(parsed.tool_calls[0]["function"]["arguments"]) == {"city": "Paris"}
+
+
+def test_kimi_k2_malformed_or_unfinished_calls_are_content() -> None:
+    unfinished = KIMI_CALLS.removesuffix("<|tool_calls_section_end|>")
+    bad_json = KIMI_CALLS.replace('{"city": "Paris"}', '{"city": ')
+    for text in (unfinished, bad_json):
+        parsed = parse_output(text, parse_reasoning=False, parser="kimi_k2")
+        assert parsed.tool_calls == []
+        assert parsed.content == text
+
+
+def test_kimi_k2_is_detected_from_its_template() -> None:
+    template = "{%- if message.tool_calls -%}<|tool_calls_section_begin|>{%- endif -%}"
+    assert detect_parser(template) == "kimi_k2"
+
+
+def test_streamed_kimi_content_stops_before_the_call_section() -> None:
+    view = StreamedMessage(OutputParser("kimi_k2", parse_reasoning=False))
+    cut = KIMI_CALLS.index("<|tool_calls_section_begin|>") + 5
+    assert view.update(KIMI_CALLS[:cut]) == {"content": "Checking both."}
+    assert view.update(KIMI_CALLS) == {}
+
+
+def test_tool_choice_none_leaves_call_markup_in_the_content() -> None:
+    text = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    parsed = OutputParser("hermes", parse_reasoning=False, tool_calls=False).parse(text)
+    assert parsed.tool_calls == []
+    assert parsed.content == text
