@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from proxy.api import admin, export, health, openai, sessions
+from proxy.api import admin, completions, export, health, openai, sessions
 from proxy.app_state import AppState
 from proxy.chat.parsing import build_parser
 from proxy.chat.renderer import Renderer
@@ -99,6 +99,8 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     app = FastAPI(title="tito-proxy", version="0.1.0", lifespan=lifespan)
     app.include_router(openai.router)
     app.include_router(openai.router, prefix="/sessions/{session_id}")
+    app.include_router(completions.router)
+    app.include_router(completions.router, prefix="/sessions/{session_id}")
     app.include_router(sessions.router)
     app.include_router(export.router)
     app.include_router(admin.router)

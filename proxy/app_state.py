@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
 
+from proxy.api.retries import RetryGuard
 from proxy.chat.renderer import Renderer
+from proxy.chat.token_pieces import TokenPieces
 from proxy.config import Settings
 from proxy.engines.base import Engine
 from proxy.turns import TurnRunner
@@ -23,3 +25,7 @@ class AppState:
     turns: TurnRunner
     model_name: str
     context_length: int | None
+    retries: RetryGuard = field(default_factory=RetryGuard)
+
+    def __post_init__(self) -> None:
+        self.pieces = TokenPieces(self.renderer.tokenizer, self.renderer.special_ids)

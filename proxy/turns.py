@@ -7,10 +7,12 @@ segment with a fresh render. The call is committed before the caller sees the an
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -41,6 +43,16 @@ class TurnRequest:
     sampling: SamplingParams
     max_tokens_requested: int | None
     raw: dict[str, Any] = field(default_factory=dict)
+    choices: int = 1  # OpenAI's n: each choice is sampled and recorded as its own branch
+    parse_tools: bool = True  # False for tool_choice "none"
+    idempotency_key: str | None = None
+    request_hash: str | None = None
+    # A /v1/completions prompt as ids: sent as given, continuing a recorded call it extends.
+    prompt_ids: list[int] | None = None
+
+    @property
+    def is_completion(self) -> bool:
+        return self.prompt_ids is not None
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,8 @@ class PreparedTurn:
     started: float
     rendered: float
     reasoning_open: bool
+    parser: OutputParser
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # shared by the request's choices
 
 
 @dataclass(frozen=True)
@@ -76,6 +90,8 @@ class TurnResult:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    generation: Generation
+    choice_index: int = 0
 
 
 def _finish_for_openai(generation: Generation, output: ParsedOutput) -> str:
@@ -120,12 +136,17 @@ class TurnRunner:
                 raise Conflict(f"session {session_id!r} is finished; start a new one", param="session_id")
             # A new session pins the date it is first rendered with; it is created with its first call.
             template_now = session.template_now if session is not None else datetime.now()
-            parent, appended = await self._find_parent(repo, session_id, request)
-            plan = await self._plan(repo, request, parent, appended, template_now)
+            if request.prompt_ids is not None:
+                plan = await self._plan_tokens(repo, session_id, request.prompt_ids)
+            else:
+                parent, appended = await self._find_parent(repo, session_id, request)
+                plan = await self._plan(repo, request, parent, appended, template_now)
         params = self._bounded_sampling(request, len(plan.prompt))
-        if len(plan.added) and int(plan.added.max()) >= self.renderer.vocab_size:
+        if len(plan.added) and (
+            int(plan.added.max()) >= self.renderer.vocab_size or int(plan.added.min()) < 0
+        ):
             # One id outside the vocabulary is enough to kill an SGLang server.
-            raise InvalidRequest("the rendered prompt holds a token id outside the vocabulary")
+            raise InvalidRequest("the prompt holds a token id outside the vocabulary", param="prompt")
         return PreparedTurn(
             session_id=session_id,
             request=request,
@@ -137,35 +158,127 @@ class TurnRunner:
             started=started,
             rendered=self._clock(),
             reasoning_open=self._reasoning_open(plan.prompt),
+            parser=self._parser_for(request),
         )
 
-    async def run(self, session_id: str, request: TurnRequest) -> TurnResult:
+    def _parser_for(self, request: TurnRequest) -> OutputParser:
+        if request.is_completion:
+            return replace(self.parser, parse_reasoning=False, tool_calls=False)  # raw text
+        return self.parser if request.parse_tools else replace(self.parser, tool_calls=False)
+
+    async def _plan_tokens(self, repo: Repository, session_id: str, prompt_ids: list[int]) -> PromptPlan:
+        """A token prompt continues the newest recorded call whose prompt + output it starts with."""
+        prompt = np.asarray(prompt_ids, dtype=np.int64)
+        if not len(prompt):
+            raise InvalidRequest("the prompt is empty", param="prompt")
+        if int(prompt.max()) >= self.renderer.vocab_size or int(prompt.min()) < 0:
+            raise InvalidRequest("the prompt holds a token id outside the vocabulary", param="prompt")
+        ids = prompt.astype(np.int32)
+        for candidate in await repo.latest_answered(session_id, limit=8):
+            recorded = await self._recorded(repo, candidate)
+            size = len(recorded.ids)
+            if size <= len(ids) and np.array_equal(recorded.ids, ids[:size]):
+                return PromptPlan(
+                    prompt=ids,
+                    added=ids[size:],
+                    parent=candidate,
+                    boundary_edits=[],
+                    history=recorded.conversation,
+                )
+        return PromptPlan(prompt=ids, added=ids, parent=None, boundary_edits=[])
+
+    async def run(self, session_id: str, request: TurnRequest) -> list[TurnResult]:
+        """Sample every choice, then commit them together: all are recorded, or none."""
         turn = await self.prepare(session_id, request)
-        generation = await self.engine.generate(turn.plan.prompt.tolist(), turn.params)
-        result = await self.record(turn, generation)
-        if generation.finish.kind == "abort":
-            raise EngineError(
-                f"the engine aborted the request: {generation.finish.message}", code="engine_aborted"
-            )
-        return result
+        prompt = turn.plan.prompt.tolist()
+        generations = await asyncio.gather(
+            *(self.engine.generate(prompt, turn.params) for _ in range(request.choices))
+        )
+        results = await self.record_choices(turn, list(enumerate(generations)))
+        for generation in generations:
+            if generation.finish.kind == "abort":
+                raise EngineError(
+                    f"the engine aborted the request: {generation.finish.message}", code="engine_aborted"
+                )
+        return results
 
     async def record(
-        self, turn: PreparedTurn, generation: Generation, *, status: str | None = None
+        self, turn: PreparedTurn, generation: Generation, *, status: str | None = None, choice_index: int = 0
     ) -> TurnResult:
-        """Commit the call, then remember its context; the caller answers only after this returns."""
+        """Commit one call, then remember its context; the caller answers only after this returns."""
+        (result,) = await self.record_choices(turn, [(choice_index, generation)], status=status)
+        return result
+
+    async def record_choices(
+        self,
+        turn: PreparedTurn,
+        generations: Sequence[tuple[int, Generation]],
+        *,
+        status: str | None = None,
+    ) -> list[TurnResult]:
+        """Commit the calls of one request in one transaction, then remember their contexts."""
         generated = self._clock()
+        built = [
+            self._new_call(turn, index, generation, status or _status(generation))
+            for index, generation in generations
+        ]
+        done = self._clock()
+        async with self.sessions() as db, db.begin():
+            repo = Repository(db)
+            await repo.get_or_create_session(turn.session_id, template_now=turn.template_now)
+            rows = [
+                await repo.add_call(_with_timings(call, turn.started, turn.rendered, generated, done))
+                for call, _ in built
+            ]
+            call_ids = [row.id for row in rows]
+        results = []
+        for call_id, (call, output), (index, generation) in zip(call_ids, built, generations, strict=True):
+            if call.status == "ok":
+                self._remember(turn, call_id, generation, output.as_message())
+                if turn.plan.parent is not None:
+                    # A child takes over its parent's context: memory holds about one per live branch.
+                    self.contexts.drop(turn.plan.parent.id)
+            results.append(
+                TurnResult(
+                    call_id=call_id,
+                    session_id=turn.session_id,
+                    output=output,
+                    finish_reason=call.finish_detail["openai"],
+                    prompt_tokens=len(turn.plan.prompt),
+                    completion_tokens=len(generation.output_ids),
+                    generation=generation,
+                    choice_index=index,
+                )
+            )
+        return results
+
+    def _remember(self, turn: PreparedTurn, call_id: int, generation: Generation, reply: Message) -> None:
+        plan = turn.plan
+        context = np.concatenate([plan.prompt, np.asarray(generation.output_ids, dtype=np.int32)])
+        conversation = [
+            *plan.history,
+            *(plan.appended if plan.parent is not None else turn.request.messages),
+            reply,
+        ]
+        self.contexts.put(call_id, Recorded(context, conversation))
+
+    def _new_call(
+        self, turn: PreparedTurn, index: int, generation: Generation, status: str
+    ) -> tuple[NewCall, ParsedOutput]:
         plan, request = turn.plan, turn.request
-        output = self.parse(generation, reasoning_open=turn.reasoning_open)
+        output = self.parse(generation, reasoning_open=turn.reasoning_open, parser=turn.parser)
         reply = output.as_message()
         finish = _finish_for_openai(generation, output)
-        status = status or ("aborted" if generation.finish.kind == "abort" else "ok")
         call = NewCall(
             session_id=turn.session_id,
             segment_id=plan.parent.segment_id if plan.parent is not None else None,
             parent_id=plan.parent.id if plan.parent is not None else None,
             depth=plan.parent.depth + 1 if plan.parent is not None else 0,
             status=status,
-            history_key=history_key([*request.messages, reply], request.tools, request.template_kwargs),
+            # A completion is never the history a chat request echoes.
+            history_key=""
+            if request.is_completion
+            else history_key([*request.messages, reply], request.tools, request.template_kwargs),
             prompt_len=len(plan.prompt),
             prompt_added=pack_ids(plan.added),
             output_ids=pack_ids(generation.output_ids),
@@ -173,6 +286,8 @@ class TurnRunner:
             finish_reason=generation.finish.kind,
             finish_detail={
                 "openai": finish,
+                "choice": index,
+                "request_id": turn.request_id,
                 "matched_token": generation.finish.matched_token,
                 "matched_text": generation.finish.matched_text,
                 "message": generation.finish.message,
@@ -188,40 +303,17 @@ class TurnRunner:
                 "tools": request.tools,
                 "chat_template_kwargs": request.template_kwargs,
                 "body": request.raw,
+                **({"kind": "completion"} if request.is_completion else {}),
             },
             response_message=reply,
             sampling_params=turn.params.as_sglang(),
             weight_version=generation.weight_version or turn.dispatched_version,
-            engine_meta=generation.meta,
+            engine_meta=_engine_meta(generation),
             timings={},
+            idempotency_key=request.idempotency_key,
+            request_hash=request.request_hash,
         )
-        async with self.sessions() as db, db.begin():
-            repo = Repository(db)
-            await repo.get_or_create_session(turn.session_id, template_now=turn.template_now)
-            row = await repo.add_call(
-                _with_timings(call, turn.started, turn.rendered, generated, self._clock())
-            )
-            call_id = row.id
-        if status == "ok":
-            context = np.concatenate([plan.prompt, np.asarray(generation.output_ids, dtype=np.int32)])
-            conversation = [
-                *plan.history,
-                *(plan.appended if plan.parent is not None else request.messages),
-                reply,
-            ]
-            self.contexts.put(
-                call_id,
-                Recorded(context, conversation),
-                replaces=plan.parent.id if plan.parent is not None else None,
-            )
-        return TurnResult(
-            call_id=call_id,
-            session_id=turn.session_id,
-            output=output,
-            finish_reason=finish,
-            prompt_tokens=len(plan.prompt),
-            completion_tokens=len(generation.output_ids),
-        )
+        return call, output
 
     def _reasoning_open(self, prompt: IdArray) -> bool:
         """Whether the generation prompt itself opened reasoning (DeepSeek R1's `<think>\\n`)."""
@@ -380,21 +472,34 @@ class TurnRunner:
             text = text[: text.rfind(matched)]
         return text
 
-    def parse(self, generation: Generation, *, reasoning_open: bool = False) -> ParsedOutput:
-        return self.parser.parse(
+    def parse(
+        self, generation: Generation, *, reasoning_open: bool = False, parser: OutputParser | None = None
+    ) -> ParsedOutput:
+        return (parser or self.parser).parse(
             self.output_text(generation.output_ids, generation.finish), reasoning_open=reasoning_open
         )
 
 
-def _replace_max(params: SamplingParams, max_new_tokens: int) -> SamplingParams:
-    from dataclasses import replace
+def _status(generation: Generation) -> str:
+    return "aborted" if generation.finish.kind == "abort" else "ok"
 
+
+def _engine_meta(generation: Generation) -> dict[str, Any]:
+    """The engine's metadata, plus the alternatives a logprobs request asked for (kept so that a
+    retry is answered exactly as the first attempt was)."""
+    if generation.top_logprobs is None:
+        return generation.meta
+    return {
+        **generation.meta,
+        "top_logprobs": [[[t, lp] for t, lp in top] for top in generation.top_logprobs],
+    }
+
+
+def _replace_max(params: SamplingParams, max_new_tokens: int) -> SamplingParams:
     return replace(params, max_new_tokens=max_new_tokens)
 
 
 def _with_timings(call: NewCall, started: float, rendered: float, generated: float, done: float) -> NewCall:
-    from dataclasses import replace
-
     return replace(
         call,
         timings={

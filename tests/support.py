@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -63,3 +64,45 @@ def segments(url: str, session: str) -> list[dict[str, Any]]:
     assert response.status_code == 200, response.text
     found: list[dict[str, Any]] = response.json()["segments"]
     return found
+
+
+def stream_events(
+    url: str, body: dict[str, Any], session: str, headers: dict[str, str] | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """A streamed chat completion: its parsed events and its raw lines."""
+    events: list[dict[str, Any]] = []
+    raw: list[str] = []
+    with httpx.stream(
+        "POST", f"{url}/sessions/{session}/v1/chat/completions", json=body, timeout=60, headers=headers
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line:
+                raw.append(line)
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[6:]))
+    return events, raw
+
+
+def assemble_stream(events: list[dict[str, Any]], index: int = 0) -> dict[str, Any]:
+    """One choice of a stream reassembled: text, reasoning, tool calls by index, finish_reason."""
+    message: dict[str, Any] = {"content": "", "reasoning_content": "", "tool_calls": {}}
+    finish = None
+    for event in events:
+        for choice in event["choices"]:
+            if choice["index"] != index:
+                continue
+            delta = choice["delta"]
+            message["content"] += delta.get("content") or ""
+            message["reasoning_content"] += delta.get("reasoning_content") or ""
+            for call in delta.get("tool_calls") or []:
+                slot = message["tool_calls"].setdefault(
+                    call["index"], {"id": None, "name": "", "arguments": ""}
+                )
+                slot["id"] = call.get("id") or slot["id"]
+                slot["name"] += call.get("function", {}).get("name") or ""
+                slot["arguments"] += call.get("function", {}).get("arguments") or ""
+            finish = choice["finish_reason"] or finish
+    message["finish_reason"] = finish
+    return message

@@ -2,27 +2,36 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
 from proxy.api.deps import SessionIdDep, StateDep
+from proxy.api.logprobs import answered_positions, chat_logprobs
+from proxy.api.retries import RetryIdentity, recorded_answer, replayed_results
 from proxy.api.schemas import ChatCompletionRequest
-from proxy.api.streaming import sse_events
+from proxy.api.streaming import StreamOptions, open_streams, replayed_events, sse_events
+from proxy.app_state import AppState
+from proxy.chat.constraints import response_format_constraint, tool_choice_constraint
+from proxy.chat.streaming import StreamedMessage
 from proxy.engines.base import SamplingParams
-from proxy.errors import UnsupportedParameter
+from proxy.errors import InvalidRequest, UnsupportedParameter
+from proxy.store.repository import Repository
 from proxy.turns import TurnRequest, TurnResult
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 
-def _sampling(
-    body: ChatCompletionRequest, *, stop_token_ids: tuple[int, ...], seed_honoured: bool
+def sampling_params(
+    body: Any, *, stop_token_ids: tuple[int, ...], state: AppState, top_logprobs: int = 0
 ) -> SamplingParams:
-    if body.seed is not None and not seed_honoured:
+    """The request's sampling fields as SGLang's, shared by chat and text completions."""
+    if body.seed is not None and state.engine.name != "local":
         raise UnsupportedParameter(
             "seed is only honoured by the local engine (SGLang needs --enable-deterministic-inference)",
             param="seed",
@@ -39,69 +48,174 @@ def _sampling(
         stop=body.stop_sequences,
         stop_token_ids=stop_token_ids,
         seed=body.seed,
+        top_logprobs=top_logprobs,
     )
 
 
-def _completion_body(result: TurnResult, model: str) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": result.output.content}
-    if result.output.reasoning_content is not None:
-        message["reasoning_content"] = result.output.reasoning_content
-    if result.output.tool_calls:
-        message["tool_calls"] = result.output.tool_calls
+def _constraint(body: ChatCompletionRequest, state: AppState, tools: list[dict[str, Any]] | None) -> Any:
+    forced = tool_choice_constraint(body.tool_choice, tools, state.turns.parser.name)
+    formatted = response_format_constraint(body.response_format)
+    chosen = [c for c in (forced, formatted) if c is not None]
+    if not chosen:
+        return None
+    if len(chosen) > 1:
+        raise UnsupportedParameter(
+            "a forced tool call and a JSON response_format cannot be combined (one grammar per request)",
+            param="response_format",
+        )
+    if not state.engine.supports_constraints:
+        raise UnsupportedParameter(
+            f"the {state.engine.name} engine cannot constrain sampling (tool_choice/response_format)",
+            param="tool_choice" if forced is not None else "response_format",
+        )
+    return chosen[0]
+
+
+def _turn_request(
+    body: ChatCompletionRequest, state: AppState, identity: RetryIdentity | None
+) -> TurnRequest:
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    params = sampling_params(
+        body,
+        stop_token_ids=state.renderer.stop_token_ids,
+        state=state,
+        top_logprobs=body.top_logprobs or 0 if body.logprobs else 0,
+    )
+    return TurnRequest(
+        messages=[m.as_plain() for m in body.messages],
+        tools=tools,
+        template_kwargs=body.chat_template_kwargs or None,
+        sampling=replace(params, constraint=_constraint(body, state, tools)),
+        max_tokens_requested=body.requested_max_tokens,
+        raw=body.model_dump(exclude={"messages", "tools", "chat_template_kwargs"}, exclude_none=True),
+        choices=body.n or 1,
+        parse_tools=body.tool_choice != "none",
+        idempotency_key=identity.idempotency_key if identity else None,
+        request_hash=identity.request_hash if identity else None,
+    )
+
+
+def _completion_body(
+    results: Sequence[TurnResult], model: str, state: AppState, top_logprobs: int | None
+) -> dict[str, Any]:
+    choices = []
+    for result in results:
+        message: dict[str, Any] = {"role": "assistant", "content": result.output.content}
+        if result.output.reasoning_content is not None:
+            message["reasoning_content"] = result.output.reasoning_content
+        if result.output.tool_calls:
+            message["tool_calls"] = result.output.tool_calls
+        logprobs = None
+        if top_logprobs is not None:
+            generation = result.generation
+            upto = answered_positions(generation.output_ids, generation.finish.matched_token)
+            top = generation.top_logprobs
+            logprobs = chat_logprobs(
+                state.pieces,
+                generation.output_ids[:upto],
+                generation.logprobs[:upto],
+                top[:upto] if top is not None else None,
+                top_logprobs,
+            )
+        choices.append(
+            {
+                "index": result.choice_index,
+                "message": message,
+                "finish_reason": result.finish_reason,
+                "logprobs": logprobs,
+            }
+        )
+    completion_tokens = sum(r.completion_tokens for r in results)
     return {
-        "id": f"chatcmpl-{result.call_id}",
+        "id": f"chatcmpl-{results[0].call_id}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {"index": 0, "message": message, "finish_reason": result.finish_reason, "logprobs": None}
-        ],
+        "choices": choices,
         "usage": {
-            "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens,
+            "prompt_tokens": results[0].prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": results[0].prompt_tokens + completion_tokens,
         },
     }
 
 
+async def _held_stream(
+    events: AsyncIterator[bytes], exit_stack: contextlib.AsyncExitStack
+) -> AsyncIterator[bytes]:
+    """The events, with the retry lock held until the last one is sent."""
+    async with exit_stack:
+        async for event in events:
+            yield event
+
+
 @router.post("/chat/completions", response_model=None)
 async def chat_completions(
-    body: ChatCompletionRequest, state: StateDep, session: SessionIdDep, response: Response
+    body: ChatCompletionRequest,
+    state: StateDep,
+    session: SessionIdDep,
+    response: Response,
+    http_request: Request,
 ) -> dict[str, Any] | StreamingResponse:
     session_id, _ = session
     body.check_supported()
-    request = TurnRequest(
-        messages=[m.as_plain() for m in body.messages],
-        tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
-        template_kwargs=body.chat_template_kwargs or None,
-        sampling=_sampling(
-            body,
-            stop_token_ids=state.renderer.stop_token_ids,
-            seed_honoured=state.engine.name == "local",
-        ),
-        max_tokens_requested=body.requested_max_tokens,
-        raw=body.model_dump(exclude={"messages", "tools", "chat_template_kwargs"}, exclude_none=True),
+    identity = RetryIdentity.from_request(dict(http_request.headers), await http_request.body())
+    request = _turn_request(body, state, identity)
+    top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    options = StreamOptions(
+        model=body.model,
+        include_usage=bool((body.stream_options or {}).get("include_usage")),
+        keepalive_s=state.settings.stream_keepalive_s,
+        top_logprobs=top_logprobs,
     )
-    if body.stream:
-        turn = await state.turns.prepare(session_id, request)
-        request_id = uuid.uuid4().hex  # fixed length: SGLang aborts by rid prefix
-        # Opening the engine stream raises here, before any byte is sent, when the engine refuses.
-        chunks = await state.engine.stream(turn.plan.prompt.tolist(), turn.params, request_id)
-        events = sse_events(
-            turns=state.turns,
-            engine=state.engine,
-            turn=turn,
-            chunks=chunks,
-            request_id=request_id,
-            model=body.model,
-            include_usage=bool((body.stream_options or {}).get("include_usage")),
-            keepalive_s=state.settings.stream_keepalive_s,
-        )
-        headers = {"X-Session-Id": session_id, "Cache-Control": "no-cache"}
-        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-    result = await state.turns.run(session_id, request)
-    response.headers["X-Session-Id"] = session_id
-    return _completion_body(result, body.model)
+    headers = {"X-Session-Id": session_id}
+    exit_stack = contextlib.AsyncExitStack()
+    await exit_stack.enter_async_context(state.retries.hold(session_id, identity))
+    try:
+        async with state.db_sessions() as db:
+            recorded = await recorded_answer(Repository(db), session_id, identity)
+        if recorded is not None:
+            results = replayed_results(recorded)
+            if len(results) != request.choices:
+                raise InvalidRequest("the recorded answer of this retry has a different number of choices")
+            headers["X-Tito-Replayed"] = "true"
+            if body.stream:
+                parser = (
+                    state.turns.parser
+                    if request.parse_tools
+                    else replace(state.turns.parser, tool_calls=False)
+                )
+                events = replayed_events(results, options, state.pieces, lambda: StreamedMessage(parser))
+                await exit_stack.aclose()
+                return event_response(events, headers)
+            await exit_stack.aclose()
+            response.headers.update(headers)
+            return _completion_body(results, body.model, state, top_logprobs)
+        if body.stream:
+            turn = await state.turns.prepare(session_id, request)
+            streams = await open_streams(state.engine, turn, request.choices)
+            events = sse_events(
+                turns=state.turns,
+                engine=state.engine,
+                turn=turn,
+                streams=streams,
+                options=options,
+                pieces=state.pieces,
+            )
+            return event_response(_held_stream(events, exit_stack), headers)
+        results = await state.turns.run(session_id, request)
+    except BaseException:
+        await exit_stack.aclose()
+        raise
+    await exit_stack.aclose()
+    response.headers.update(headers)
+    return _completion_body(results, body.model, state, top_logprobs)
+
+
+def event_response(events: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"}
+    )
 
 
 @router.get("/template")

@@ -8,6 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from proxy.errors import InvalidRequest, UnsupportedParameter
 
+# Each choice is its own engine request and branch; more than this is a batch job, not a turn.
+MAX_CHOICES = 64
+
 # Fields that change nothing about the sample: accepted and not acted on.
 _INERT_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})
 
@@ -100,17 +103,13 @@ class ToolDefinition(BaseModel):
     function: FunctionDefinition
 
 
-class ChatCompletionRequest(BaseModel):
+class SamplingRequest(BaseModel):
+    """The fields chat and text completions share: model, sampling, choices, streaming."""
+
     model_config = ConfigDict(extra="allow")
 
     model: str
-    messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[ToolDefinition] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
@@ -119,13 +118,10 @@ class ChatCompletionRequest(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
     stop: str | list[str] | None = None
-    n: int | None = Field(default=None, ge=1)
+    n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None
     seed: int | None = None
-    parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -145,28 +141,6 @@ class ChatCompletionRequest(BaseModel):
             raise InvalidRequest("stream_options is only allowed with stream=true", param="stream_options")
         if self.stream_options and set(self.stream_options) - {"include_usage"}:
             raise UnsupportedParameter("stream_options supports include_usage only", param="stream_options")
-        if self.n is not None and self.n != 1:
-            raise UnsupportedParameter("n > 1 is not supported yet", param="n")
-        if self.tool_choice not in (None, "auto"):
-            raise UnsupportedParameter("only tool_choice 'auto' is supported yet", param="tool_choice")
-        if self.logprobs or self.top_logprobs:
-            raise UnsupportedParameter(
-                "logprobs are not returned yet; they are recorded for export", param="logprobs"
-            )
-        if self.parallel_tool_calls is False:
-            raise UnsupportedParameter(
-                "parallel_tool_calls=false cannot be enforced", param="parallel_tool_calls"
-            )
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise UnsupportedParameter(
-                "only response_format type 'text' is supported", param="response_format"
-            )
-        if (
-            self.max_tokens is not None
-            and self.max_completion_tokens is not None
-            and (self.max_tokens != self.max_completion_tokens)
-        ):
-            raise InvalidRequest("max_tokens and max_completion_tokens disagree", param="max_tokens")
 
     @property
     def stop_sequences(self) -> tuple[str, ...]:
@@ -176,4 +150,77 @@ class ChatCompletionRequest(BaseModel):
 
     @property
     def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ToolDefinition] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidRequest("top_logprobs requires logprobs=true", param="top_logprobs")
+        if self.parallel_tool_calls is False:
+            raise UnsupportedParameter(
+                "parallel_tool_calls=false cannot be enforced", param="parallel_tool_calls"
+            )
+        if (
+            self.max_tokens is not None
+            and self.max_completion_tokens is not None
+            and (self.max_tokens != self.max_completion_tokens)
+        ):
+            raise InvalidRequest("max_tokens and max_completion_tokens disagree", param="max_tokens")
+
+    @property
+    def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+
+# OpenAI's default for legacy completions, where max_tokens is optional.
+DEFAULT_COMPLETION_TOKENS = 16
+
+
+class CompletionRequest(SamplingRequest):
+    """/v1/completions: one prompt, as text or as token ids."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1)
+    # vLLM's extension: the prompt and output ids in the answer, for token-in/token-out clients.
+    return_token_ids: bool | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if isinstance(self.prompt, list) and len(self.prompt) > 1 and not isinstance(self.prompt[0], int):
+            raise UnsupportedParameter(
+                "one prompt per request; send a batch as separate requests", param="prompt"
+            )
+        if self.echo:
+            raise UnsupportedParameter("echo is not supported", param="echo")
+        if self.suffix:
+            raise UnsupportedParameter("suffix is not supported", param="suffix")
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise UnsupportedParameter(
+                "best_of must equal n: every sample is returned and recorded", param="best_of"
+            )
+
+    @property
+    def single_prompt(self) -> str | list[int]:
+        prompt: Any = self.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            prompt = prompt[0]  # a batch of one
+        return prompt if isinstance(prompt, str) else [int(i) for i in prompt]
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens or DEFAULT_COMPLETION_TOKENS

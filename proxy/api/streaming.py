@@ -1,46 +1,74 @@
 """Server-sent events for `stream: true`, driven by the engine's own stream.
 
 Content, reasoning and tool-call deltas are sent as tokens arrive (proxy/chat/streaming.py keeps
-them prefixes of the final parse). The turn is committed before the chunk carrying finish_reason
-is sent. A client that goes away aborts the engine request, and the turn is recorded as aborted.
+them prefixes of the final parse). Each turn is committed before the chunk carrying its
+finish_reason is sent. A client that goes away aborts the engine request, and the turn is recorded
+as aborted. With n > 1 every choice streams from its own engine request, chunks interleaved.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import orjson
 
+from proxy.api.logprobs import answered_positions, chat_logprobs, completion_logprobs
 from proxy.chat.streaming import StreamedMessage
-from proxy.engines.base import Engine, FinishReason, Generation, StreamChunk
+from proxy.chat.token_pieces import TokenPieces
+from proxy.engines.base import Engine, FinishReason, Generation, StreamChunk, TopLogprobs
 from proxy.errors import ProxyError
-from proxy.turns import PreparedTurn, TurnRunner
+from proxy.turns import PreparedTurn, TurnResult, TurnRunner
 
 log = logging.getLogger("tito_proxy.stream")
 
+_DONE = object()
 
-def _sse(payload: dict[str, Any] | str) -> bytes:
+
+def sse(payload: dict[str, Any] | str) -> bytes:
     body = payload if isinstance(payload, str) else orjson.dumps(payload).decode()
     return f"data: {body}\n\n".encode()
 
 
+@dataclass(frozen=True)
+class StreamOptions:
+    model: str
+    include_usage: bool
+    keepalive_s: float
+    top_logprobs: int | None  # None: no logprobs requested
+
+
 class ChunkWriter:
+    """Chunks of a chat completion stream."""
+
+    object_name = "chat.completion.chunk"
+    logprobs_shape = staticmethod(chat_logprobs)
+
     def __init__(self, completion_id: str, model: str) -> None:
         self.base = {
             "id": completion_id,
-            "object": "chat.completion.chunk",
+            "object": self.object_name,
             "created": int(time.time()),
             "model": model,
         }
 
-    def delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return _sse({**self.base, "choices": [choice]})
+    def delta(
+        self,
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        *,
+        index: int = 0,
+        logprobs: dict[str, Any] | None = None,
+    ) -> bytes:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return sse({**self.base, "choices": [choice]})
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
         usage = {
@@ -48,36 +76,84 @@ class ChunkWriter:
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         }
-        return _sse({**self.base, "choices": [], "usage": usage})
+        return sse({**self.base, "choices": [], "usage": usage})
 
 
-async def sse_events(
+class TextChunkWriter(ChunkWriter):
+    """Chunks of a legacy text completion stream: `text` instead of a delta, no role chunk."""
+
+    object_name = "text_completion"
+    logprobs_shape = staticmethod(completion_logprobs)
+
+    def delta(
+        self,
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        *,
+        index: int = 0,
+        logprobs: dict[str, Any] | None = None,
+    ) -> bytes:
+        text = delta.get("content") or ""
+        if not text and finish_reason is None and logprobs is None:
+            return b""
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        return sse({**self.base, "choices": [choice]})
+
+
+class _Logprobs:
+    """The logprobs not yet sent, attached to whichever chunk of this choice goes out next."""
+
+    def __init__(self, pieces: TokenPieces, top_count: int | None, writer: ChunkWriter) -> None:
+        self.pieces = pieces
+        self.top_count = top_count
+        self.shape = writer.logprobs_shape
+        self.sent = 0
+
+    def take(
+        self, ids: Sequence[int], logprobs: Sequence[float], top: Sequence[TopLogprobs] | None, upto: int
+    ) -> dict[str, Any] | None:
+        if self.top_count is None or upto <= self.sent:
+            return None
+        start, self.sent = self.sent, upto
+        return self.shape(
+            self.pieces,
+            ids[start:upto],
+            logprobs[start:upto],
+            top[start:upto] if top is not None else None,
+            self.top_count,
+        )
+
+
+async def _choice_events(
     *,
     turns: TurnRunner,
     engine: Engine,
     turn: PreparedTurn,
     chunks: AsyncIterator[StreamChunk],
     request_id: str,
-    model: str,
-    include_usage: bool,
-    keepalive_s: float,
+    writer: ChunkWriter,
+    index: int,
+    options: StreamOptions,
+    pieces: TokenPieces,
+    on_result: Callable[[TurnResult], None],
 ) -> AsyncIterator[bytes]:
-    writer = ChunkWriter(f"chatcmpl-{request_id}", model)
-    view = StreamedMessage(turns.parser, reasoning_open=turn.reasoning_open, stop_strings=turn.params.stop)
+    view = StreamedMessage(turn.parser, reasoning_open=turn.reasoning_open, stop_strings=turn.params.stop)
+    pending_logprobs = _Logprobs(pieces, options.top_logprobs, writer)
     ids: list[int] = []
     logprobs: list[float] = []
+    top: list[TopLogprobs] | None = [] if turn.params.top_logprobs else None
     version: str | None = None
     meta: dict[str, Any] = {}
     finished = False
     pending: asyncio.Future[StreamChunk] | None = None
-    yield writer.delta({"role": "assistant", "content": ""})
+    yield writer.delta({"role": "assistant", "content": ""}, index=index)
     try:
         iterator = chunks.__aiter__()
         while True:
             pending = asyncio.ensure_future(iterator.__anext__())
             while not pending.done():
                 # Waiting must not cancel the engine read: a timeout only sends a keepalive comment.
-                await asyncio.wait({pending}, timeout=keepalive_s)
+                await asyncio.wait({pending}, timeout=options.keepalive_s)
                 if not pending.done():
                     yield b": keepalive\n\n"
             try:
@@ -86,41 +162,48 @@ async def sse_events(
                 break
             ids += piece.output_ids
             logprobs += piece.logprobs
+            if top is not None and piece.top_logprobs is not None:
+                top += piece.top_logprobs
             version = piece.weight_version or version
             meta.update(piece.meta)
             if piece.finish is None:
                 delta = view.update(turns.output_text(ids, None))
                 if delta:
-                    yield writer.delta(delta)
-            else:
-                # The last chunk's text goes out from the final parse (view.finish), never twice.
-                generation = Generation(ids, logprobs, piece.finish, weight_version=version, meta=meta)
-                result = await turns.record(turn, generation)  # committed before finish_reason goes out
-                finished = True
-                if piece.finish.kind == "abort":
-                    error = {
-                        "message": f"the engine aborted the request: {piece.finish.message}",
-                        "type": "engine_error",
-                        "param": None,
-                        "code": "engine_aborted",
-                    }
-                    yield _sse({"error": error})
-                    break
-                text_delta, call_deltas = view.finish(result.output)
-                if view.diverged:
-                    log.warning(
-                        "session %s: streamed text is not a prefix of the final parse", turn.session_id
+                    yield writer.delta(
+                        delta, index=index, logprobs=pending_logprobs.take(ids, logprobs, top, len(ids))
                     )
-                if text_delta:
-                    yield writer.delta(text_delta)
-                for call_delta in call_deltas:
-                    yield writer.delta({"tool_calls": [call_delta]})
-                yield writer.delta({}, finish_reason=result.finish_reason)
-                if include_usage:
-                    yield writer.usage(result.prompt_tokens, result.completion_tokens)
+                continue
+            # The last chunk's text goes out from the final parse (view.finish), never twice.
+            generation = Generation(
+                ids, logprobs, piece.finish, weight_version=version, meta=meta, top_logprobs=top
+            )
+            result = await turns.record(turn, generation, choice_index=index)  # committed first
+            finished = True
+            if piece.finish.kind == "abort":
+                error = {
+                    "message": f"the engine aborted the request: {piece.finish.message}",
+                    "type": "engine_error",
+                    "param": None,
+                    "code": "engine_aborted",
+                }
+                yield sse({"error": error})
                 break
+            on_result(result)
+            text_delta, call_deltas = view.finish(result.output)
+            if view.diverged:
+                log.warning("session %s: streamed text is not a prefix of the final parse", turn.session_id)
+            rest = pending_logprobs.take(
+                ids, logprobs, top, answered_positions(ids, piece.finish.matched_token)
+            )
+            if text_delta:
+                yield writer.delta(text_delta, index=index, logprobs=rest)
+                rest = None
+            for call_delta in call_deltas:
+                yield writer.delta({"tool_calls": [call_delta]}, index=index)
+            yield writer.delta({}, finish_reason=result.finish_reason, index=index, logprobs=rest)
+            break
     except ProxyError as exc:
-        yield _sse(exc.envelope())
+        yield sse(exc.envelope())
     finally:
         if pending is not None and not pending.done():
             pending.cancel()
@@ -136,5 +219,123 @@ async def sse_events(
                         weight_version=version,
                         meta=meta,
                     )
-                    await turns.record(turn, partial, status="aborted")
-    yield _sse("[DONE]")
+                    await turns.record(turn, partial, status="aborted", choice_index=index)
+
+
+async def open_streams(
+    engine: Engine, turn: PreparedTurn, count: int
+) -> list[tuple[str, AsyncIterator[StreamChunk]]]:
+    """One engine stream per choice. Opening raises before any byte is sent when the engine refuses;
+    the streams already opened are then aborted."""
+    streams: list[tuple[str, AsyncIterator[StreamChunk]]] = []
+    try:
+        for _ in range(count):
+            request_id = uuid.uuid4().hex  # fixed length: SGLang aborts by rid prefix
+            streams.append(
+                (request_id, await engine.stream(turn.plan.prompt.tolist(), turn.params, request_id))
+            )
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            for request_id, chunks in streams:
+                await engine.abort(request_id)
+                await chunks.aclose()  # type: ignore[attr-defined]
+        raise
+    return streams
+
+
+async def _merged(streams: list[AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
+    """Interleave the choices' events as they come; cancelling this cancels (and so aborts) them all."""
+    queue: asyncio.Queue[object] = asyncio.Queue()
+
+    async def pump(stream: AsyncIterator[bytes]) -> None:
+        try:
+            async for event in stream:
+                await queue.put(event)
+        finally:
+            await queue.put(_DONE)
+
+    tasks = [asyncio.create_task(pump(s)) for s in streams]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is _DONE:
+                running -= 1
+            elif isinstance(item, bytes):
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        with anyio.CancelScope(shield=True):
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+
+async def sse_events(
+    *,
+    turns: TurnRunner,
+    engine: Engine,
+    turn: PreparedTurn,
+    streams: list[tuple[str, AsyncIterator[StreamChunk]]],
+    options: StreamOptions,
+    pieces: TokenPieces,
+    text_completion: bool = False,
+) -> AsyncIterator[bytes]:
+    """The whole event stream of one request: every choice, usage, then [DONE]."""
+    writer = (
+        TextChunkWriter(f"cmpl-{streams[0][0]}", options.model)
+        if text_completion
+        else ChunkWriter(f"chatcmpl-{streams[0][0]}", options.model)
+    )
+    results: list[TurnResult] = []
+    choices = [
+        _choice_events(
+            turns=turns,
+            engine=engine,
+            turn=turn,
+            chunks=chunks,
+            request_id=request_id,
+            writer=writer,
+            index=index,
+            options=options,
+            pieces=pieces,
+            on_result=results.append,
+        )
+        for index, (request_id, chunks) in enumerate(streams)
+    ]
+    events = choices[0] if len(choices) == 1 else _merged(choices)
+    async for event in events:
+        if event:
+            yield event
+    if options.include_usage and len(results) == len(streams):
+        yield writer.usage(results[0].prompt_tokens, sum(r.completion_tokens for r in results))
+    yield sse("[DONE]")
+
+
+async def replayed_events(
+    results: Sequence[TurnResult],
+    options: StreamOptions,
+    pieces: TokenPieces,
+    parser_view: Callable[[], StreamedMessage],
+) -> AsyncIterator[bytes]:
+    """A recorded answer streamed again (an idempotent retry): whole deltas, then finish and usage."""
+    writer = ChunkWriter(f"chatcmpl-{results[0].call_id}", options.model)
+    for result in results:
+        index = result.choice_index
+        generation = result.generation
+        yield writer.delta({"role": "assistant", "content": ""}, index=index)
+        text_delta, call_deltas = parser_view().finish(result.output)
+        upto = answered_positions(generation.output_ids, generation.finish.matched_token)
+        logprobs = _Logprobs(pieces, options.top_logprobs, writer).take(
+            generation.output_ids, generation.logprobs, generation.top_logprobs, upto
+        )
+        if text_delta:
+            yield writer.delta(text_delta, index=index, logprobs=logprobs)
+            logprobs = None
+        for call_delta in call_deltas:
+            yield writer.delta({"tool_calls": [call_delta]}, index=index)
+        yield writer.delta({}, finish_reason=result.finish_reason, index=index, logprobs=logprobs)
+    if options.include_usage:
+        yield writer.usage(results[0].prompt_tokens, sum(r.completion_tokens for r in results))
+    yield sse("[DONE]")

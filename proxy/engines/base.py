@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 FinishKind = Literal["stop", "length", "abort"]
+# SGLang's structured generation: at most one grammar per request (a sampling_params key).
+ConstraintKind = Literal["json_schema", "ebnf", "regex", "structural_tag"]
+# Alternatives at one output position, best first: (token id, logprob).
+TopLogprobs = list[tuple[int, float]]
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,10 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    # Grammar the output must follow, passed as the sampling_params key of the same name.
+    constraint: tuple[ConstraintKind, str] | None = None
+    # Alternatives wanted per output position (SGLang's top-level top_logprobs_num, not a sampling key).
+    top_logprobs: int = 0
 
     def as_sglang(self) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -46,6 +54,9 @@ class SamplingParams:
             params["stop_token_ids"] = list(self.stop_token_ids)
         if self.seed is not None:
             params["sampling_seed"] = self.seed
+        if self.constraint is not None:
+            kind, grammar = self.constraint
+            params[kind] = grammar
         return params
 
 
@@ -67,10 +78,14 @@ class Generation:
     weight_version: str | None = None
     cached_tokens: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    # Set when SamplingParams.top_logprobs asked for alternatives; one list per output position.
+    top_logprobs: list[TopLogprobs] | None = None
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.logprobs):
             raise ValueError("output_ids and logprobs must be aligned")
+        if self.top_logprobs is not None and len(self.top_logprobs) != len(self.output_ids):
+            raise ValueError("top_logprobs must hold one list per output id")
 
 
 @dataclass(frozen=True)
@@ -89,12 +104,15 @@ class StreamChunk:
     finish: FinishReason | None = None
     weight_version: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    top_logprobs: list[TopLogprobs] | None = None
 
 
 class Engine(Protocol):
     """An inference engine reachable from the proxy."""
 
     name: str
+    # Whether SamplingParams.constraint (grammar-constrained sampling) is honoured.
+    supports_constraints: bool
 
     async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation: ...
 

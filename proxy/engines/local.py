@@ -12,7 +12,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from proxy.engines.base import EngineInfo, FinishReason, Generation, SamplingParams, StreamChunk
+from proxy.engines.base import (
+    EngineInfo,
+    FinishReason,
+    Generation,
+    SamplingParams,
+    StreamChunk,
+    TopLogprobs,
+)
 from proxy.errors import InvalidRequest
 
 
@@ -20,6 +27,7 @@ class LocalEngine:
     """Runs a Hugging Face causal LM in this process, one request at a time."""
 
     name = "local"
+    supports_constraints = False
 
     def __init__(self, model_dir: Path, *, weight_version: str | None = None) -> None:
         try:
@@ -65,6 +73,7 @@ class LocalEngine:
         stop_ids = set(params.stop_token_ids) | set(self._eos_ids)
         output: list[int] = []
         logprobs: list[float] = []
+        top: list[TopLogprobs] = []
         counts: dict[int, int] = {}
         past: Any = None
         step_input = torch.tensor([input_ids], dtype=torch.long)
@@ -78,6 +87,8 @@ class LocalEngine:
             logits = result.logits[0, -1].float()
             logits = self._apply_penalties(logits, counts, input_ids, params)
             token, logprob = self._pick(logits, params, generator)
+            if params.top_logprobs:
+                top.append(self._alternatives(logits, params))
             output.append(token)
             logprobs.append(logprob)
             counts[token] = counts.get(token, 0) + 1
@@ -90,8 +101,19 @@ class LocalEngine:
                 break
             step_input = torch.tensor([[token]], dtype=torch.long)
         return Generation(
-            output_ids=output, logprobs=logprobs, finish=finish, weight_version=self._weight_version
+            output_ids=output,
+            logprobs=logprobs,
+            finish=finish,
+            weight_version=self._weight_version,
+            top_logprobs=top if params.top_logprobs else None,
         )
+
+    def _alternatives(self, logits: Any, params: SamplingParams) -> TopLogprobs:
+        """The best alternatives, with logprobs on the same scale as the sampled token's."""
+        torch = self._torch
+        scale = params.temperature if params.temperature > 0.0 else 1.0
+        values, ids = torch.topk(torch.log_softmax(logits / scale, dim=-1), params.top_logprobs)
+        return [(int(i), float(v)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
 
     def _apply_penalties(
         self, logits: Any, counts: dict[int, int], prompt: list[int], params: SamplingParams
@@ -175,5 +197,9 @@ class LocalEngine:
 
 async def _single_chunk(generation: Generation) -> AsyncIterator[StreamChunk]:
     yield StreamChunk(
-        generation.output_ids, generation.logprobs, generation.finish, generation.weight_version
+        generation.output_ids,
+        generation.logprobs,
+        generation.finish,
+        generation.weight_version,
+        top_logprobs=generation.top_logprobs,
     )

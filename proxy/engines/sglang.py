@@ -10,7 +10,14 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.engines.base import EngineInfo, FinishReason, Generation, SamplingParams, StreamChunk
+from proxy.engines.base import (
+    EngineInfo,
+    FinishReason,
+    Generation,
+    SamplingParams,
+    StreamChunk,
+    TopLogprobs,
+)
 from proxy.errors import EngineError, EngineTimeout, EngineUnavailable, InvalidRequest
 
 
@@ -44,7 +51,39 @@ def _finish_reason(raw: Any) -> FinishReason:
     raise EngineError(f"SGLang returned an unknown finish_reason type: {kind!r}")
 
 
-def parse_generation(body: Any) -> Generation:
+def _top_logprobs(raw: Any, count: int) -> list[TopLogprobs]:
+    """`output_top_logprobs`: per position, a list of [logprob, token_id, text] entries."""
+    if not isinstance(raw, list) or len(raw) != count:
+        raise EngineError("SGLang response has no output_top_logprobs aligned with output_ids")
+    positions: list[TopLogprobs] = []
+    for entries in raw:
+        if not isinstance(entries, list) or not all(
+            isinstance(e, list) and len(e) >= 2 and isinstance(e[0], int | float) and isinstance(e[1], int)
+            for e in entries
+        ):
+            raise EngineError("SGLang returned a malformed top-logprob entry")
+        positions.append([(int(e[1]), float(e[0])) for e in entries])
+    return positions
+
+
+def _request_payload(
+    input_ids: list[int], params: SamplingParams, rid: str, *, stream: bool
+) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "input_ids": input_ids,
+        "sampling_params": params.as_sglang(),
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "stream": stream,
+        # Fixed-length unique ids: SGLang aborts by rid prefix.
+        "rid": rid,
+    }
+    if params.top_logprobs:
+        payload["top_logprobs_num"] = params.top_logprobs
+    return payload
+
+
+def parse_generation(body: Any, *, top_logprobs: bool = False) -> Generation:
     """Turn one /generate response object into a Generation, checking every field we rely on."""
     if not isinstance(body, dict):
         raise EngineError("SGLang returned a non-object response")
@@ -79,6 +118,9 @@ def parse_generation(body: Any) -> Generation:
         weight_version=str(version) if version is not None else None,
         cached_tokens=cached if isinstance(cached, int) else None,
         meta=kept_meta,
+        top_logprobs=_top_logprobs(meta.get("output_top_logprobs"), len(output_ids))
+        if top_logprobs
+        else None,
     )
 
 
@@ -86,6 +128,7 @@ class SGLangEngine:
     """An SGLang server (or anything speaking its /generate protocol) over HTTP."""
 
     name = "sglang"
+    supports_constraints = True
 
     def __init__(self, base_url: str, *, timeout_s: float, transport: httpx.AsyncBaseTransport | None = None):
         self._client = httpx.AsyncClient(
@@ -106,15 +149,7 @@ class SGLangEngine:
             raise EngineUnavailable(f"cannot reach the engine at {self._client.base_url}: {exc}") from exc
 
     async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
-        payload = {
-            "input_ids": input_ids,
-            "sampling_params": params.as_sglang(),
-            "return_logprob": True,
-            "logprob_start_len": -1,
-            "stream": False,
-            # Fixed-length unique ids: SGLang aborts by rid prefix.
-            "rid": uuid.uuid4().hex,
-        }
+        payload = _request_payload(input_ids, params, uuid.uuid4().hex, stream=False)
         response = await self._post("/generate", payload)
         if response.status_code == 400:
             raise InvalidRequest(
@@ -132,19 +167,12 @@ class SGLangEngine:
             if len(body) != 1:
                 raise EngineError(f"the engine answered {len(body)} outputs for one prompt")
             body = body[0]
-        return parse_generation(body)
+        return parse_generation(body, top_logprobs=params.top_logprobs > 0)
 
     async def stream(
         self, input_ids: list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[StreamChunk]:
-        payload = {
-            "input_ids": input_ids,
-            "sampling_params": params.as_sglang(),
-            "return_logprob": True,
-            "logprob_start_len": -1,
-            "stream": True,
-            "rid": request_id,
-        }
+        payload = _request_payload(input_ids, params, request_id, stream=True)
         request = self._client.build_request(
             "POST", "/generate", content=orjson.dumps(payload), headers={"content-type": "application/json"}
         )
@@ -164,9 +192,9 @@ class SGLangEngine:
             if response.status_code == 503:
                 raise EngineUnavailable(f"the engine is not ready: {_error_message(response)}")
             raise EngineError(f"the engine answered HTTP {response.status_code}: {_error_message(response)}")
-        return self._chunks(response)
+        return self._chunks(response, top_logprobs=params.top_logprobs > 0)
 
-    async def _chunks(self, response: httpx.Response) -> AsyncIterator[StreamChunk]:
+    async def _chunks(self, response: httpx.Response, *, top_logprobs: bool) -> AsyncIterator[StreamChunk]:
         held = 0  # output ids received so far
         try:
             async for line in response.aiter_lines():
@@ -183,7 +211,7 @@ class SGLangEngine:
                     error = body["error"]
                     message = error.get("message") if isinstance(error, dict) else str(error)
                     raise EngineError(f"the engine failed mid-stream: {message}")
-                chunk, held = _stream_chunk(body, held)
+                chunk, held = _stream_chunk(body, held, top_logprobs=top_logprobs)
                 yield chunk
                 if chunk.finish is not None:
                     return
@@ -240,7 +268,7 @@ class SGLangEngine:
         await self._client.aclose()
 
 
-def _stream_chunk(body: Any, held: int) -> tuple[StreamChunk, int]:
+def _stream_chunk(body: Any, held: int, *, top_logprobs: bool) -> tuple[StreamChunk, int]:
     """One SSE chunk as new ids: SGLang sends cumulative output by default, deltas with
     --incremental-streaming-output; completion_tokens is cumulative in both."""
     if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
@@ -251,6 +279,10 @@ def _stream_chunk(body: Any, held: int) -> tuple[StreamChunk, int]:
     total = meta.get("completion_tokens")
     cumulative = isinstance(total, int) and total == len(ids) and len(ids) >= held
     new_ids, new_entries = (ids[held:], entries[held:]) if cumulative else (ids, entries)
+    top: list[TopLogprobs] | None = None
+    if top_logprobs:
+        raw_top = meta.get("output_top_logprobs") or []
+        top = _top_logprobs(raw_top[held:] if cumulative else raw_top, len(new_ids))
     if len(new_entries) != len(new_ids) or any(
         not isinstance(e, list) or len(e) < 2 or e[1] != t for t, e in zip(new_ids, new_entries, strict=False)
     ):
@@ -265,5 +297,6 @@ def _stream_chunk(body: Any, held: int) -> tuple[StreamChunk, int]:
         meta={
             k: meta[k] for k in ("id", "prompt_tokens", "completion_tokens", "weight_versions") if k in meta
         },
+        top_logprobs=top,
     )
     return chunk, held + len(new_ids)

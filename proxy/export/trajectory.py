@@ -86,6 +86,8 @@ def drift_report(
     trajectory: SegmentTrajectory, renderer: Renderer, mode: DriftMode, template_now: datetime
 ) -> dict[str, Any]:
     last = trajectory.calls[-1]
+    if any(call.request.get("kind") == "completion" for call in trajectory.calls):
+        return {"mode": mode, "skipped": "text completions have no messages for a chat-template render"}
     messages = chain_conversation(trajectory.calls)
     try:
         render = renderer.render_prompt(

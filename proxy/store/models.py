@@ -70,7 +70,11 @@ class CallRow(Base):
     """One engine call. Prompt ids are stored as the tokens added to the parent's prompt + output."""
 
     __tablename__ = "calls"
-    __table_args__ = (Index("ix_calls_session_history", "session_id", "history_key"),)
+    __table_args__ = (
+        Index("ix_calls_session_history", "session_id", "history_key"),
+        Index("ix_calls_session_idempotency", "session_id", "idempotency_key"),
+        Index("ix_calls_session_request_hash", "session_id", "request_hash"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
@@ -94,3 +98,6 @@ class CallRow(Base):
     engine_meta: Mapped[dict[str, Any]] = mapped_column(JSON)
     timings: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # What a retry of this request carries: its Idempotency-Key, and a hash of its body.
+    idempotency_key: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)

@@ -54,16 +54,14 @@ class ContextCache:
             self._entries.move_to_end(call_id)
         return found
 
-    def put(self, call_id: int, recorded: Recorded, *, replaces: int | None = None) -> None:
-        if replaces is not None:
-            self._drop(replaces)
-        self._drop(call_id)
+    def put(self, call_id: int, recorded: Recorded) -> None:
+        self.drop(call_id)
         self._entries[call_id] = recorded
         self._tokens += len(recorded.ids)
         while self._tokens > self._max_tokens and len(self._entries) > 1:
-            self._drop(next(iter(self._entries)))
+            self.drop(next(iter(self._entries)))
 
-    def _drop(self, call_id: int) -> None:
+    def drop(self, call_id: int) -> None:
         old = self._entries.pop(call_id, None)
         if old is not None:
             self._tokens -= len(old.ids)

@@ -38,6 +38,8 @@ class NewCall:
     weight_version: str | None
     engine_meta: dict[str, Any]
     timings: dict[str, Any]
+    idempotency_key: str | None = None
+    request_hash: str | None = None
 
 
 def utcnow() -> datetime:
@@ -99,6 +101,36 @@ class Repository:
         )
         return result.all()
 
+    async def answered_calls(
+        self,
+        session_id: str,
+        *,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
+        since: datetime | None = None,
+    ) -> Sequence[CallRow]:
+        """Completed calls a retry may be answered from: by key, else by body hash (newest request)."""
+        query = select(CallRow).where(CallRow.session_id == session_id, CallRow.status == "ok")
+        if idempotency_key is not None:
+            query = query.where(CallRow.idempotency_key == idempotency_key)
+        elif request_hash is not None:
+            query = query.where(CallRow.request_hash == request_hash)
+        else:
+            return []
+        if since is not None:
+            query = query.where(CallRow.created_at >= since)
+        result = await self.db.scalars(query.order_by(CallRow.id))
+        return result.all()
+
+    async def latest_answered(self, session_id: str, limit: int) -> Sequence[CallRow]:
+        result = await self.db.scalars(
+            select(CallRow)
+            .where(CallRow.session_id == session_id, CallRow.status == "ok")
+            .order_by(CallRow.id.desc())
+            .limit(limit)
+        )
+        return result.all()
+
     async def session_calls(self, session_id: str) -> Sequence[CallRow]:
         result = await self.db.scalars(
             select(CallRow).where(CallRow.session_id == session_id).order_by(CallRow.id)
@@ -134,6 +166,8 @@ class Repository:
             engine_meta=call.engine_meta,
             timings=call.timings,
             created_at=now,
+            idempotency_key=call.idempotency_key,
+            request_hash=call.request_hash,
         )
         self.db.add(row)
         session = await self.db.get(SessionRow, call.session_id)

@@ -12,6 +12,7 @@ from tests.fakes.sglang import FakeSGLang
 from tests.support import serve
 
 USER = [{"role": "user", "content": "hi"}]
+TOOL = {"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}
 
 
 def _post(url: str, body: Any, path: str = "/v1/chat/completions") -> httpx.Response:
@@ -33,10 +34,35 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
     [
         ({"model": "m", "messages": USER, "stream_options": {"include_usage": True}}, "stream_options", None),
         ({"model": "m", "messages": USER, "logit_bias": {"1": 2}}, "logit_bias", "unsupported_parameter"),
-        ({"model": "m", "messages": USER, "n": 2}, "n", "unsupported_parameter"),
+        ({"model": "m", "messages": USER, "n": 65}, "n", "invalid_value"),
         ({"model": "m", "messages": USER, "seed": 3}, "seed", "unsupported_parameter"),
-        ({"model": "m", "messages": USER, "tool_choice": "required"}, "tool_choice", "unsupported_parameter"),
-        ({"model": "m", "messages": USER, "logprobs": True}, "logprobs", "unsupported_parameter"),
+        ({"model": "m", "messages": USER, "tool_choice": "required"}, "tool_choice", None),
+        (
+            {"model": "m", "messages": USER, "tools": [TOOL], "tool_choice": {"function": {"name": "nope"}}},
+            "tool_choice",
+            None,
+        ),
+        ({"model": "m", "messages": USER, "top_logprobs": 3}, "top_logprobs", None),
+        (
+            {"model": "m", "messages": USER, "top_logprobs": 21, "logprobs": True},
+            "top_logprobs",
+            "invalid_value",
+        ),
+        (
+            {"model": "m", "messages": USER, "response_format": {"type": "xml"}},
+            "response_format",
+            "unsupported_parameter",
+        ),
+        (
+            {"model": "m", "messages": USER, "response_format": {"type": "json_schema", "json_schema": {}}},
+            "response_format",
+            "unsupported_parameter",
+        ),
+        (
+            {"model": "m", "messages": USER, "parallel_tool_calls": False},
+            "parallel_tool_calls",
+            "unsupported_parameter",
+        ),
         (
             {"model": "m", "messages": [{"role": "wizard", "content": "x"}]},
             "messages.0.role",

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 from tests.conftest import ProxyFactory
 from tests.fakes.sglang import FakeSGLang
-from tests.support import token_id
+from tests.support import assemble_stream, stream_events, token_id
 
 REPLY = (
     "<think>\nLet me think ü 🌍.\n</think>\n\nI will call a tool.\n"
@@ -23,42 +23,6 @@ TOOLS = [
     {"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
     for n in ("run", "read")
 ]
-
-
-def _events(url: str, body: dict[str, Any], session: str) -> tuple[list[dict[str, Any]], list[str]]:
-    events: list[dict[str, Any]] = []
-    raw: list[str] = []
-    with httpx.stream(
-        "POST", f"{url}/sessions/{session}/v1/chat/completions", json=body, timeout=60
-    ) as response:
-        assert response.status_code == 200
-        assert response.headers["content-type"].startswith("text/event-stream")
-        for line in response.iter_lines():
-            if line:
-                raw.append(line)
-            if line.startswith("data: ") and line != "data: [DONE]":
-                events.append(json.loads(line[6:]))
-    return events, raw
-
-
-def _assemble(events: list[dict[str, Any]]) -> dict[str, Any]:
-    message: dict[str, Any] = {"content": "", "reasoning_content": "", "tool_calls": {}}
-    finish = None
-    for event in events:
-        for choice in event["choices"]:
-            delta = choice["delta"]
-            message["content"] += delta.get("content") or ""
-            message["reasoning_content"] += delta.get("reasoning_content") or ""
-            for call in delta.get("tool_calls") or []:
-                slot = message["tool_calls"].setdefault(
-                    call["index"], {"id": None, "name": "", "arguments": ""}
-                )
-                slot["id"] = call.get("id") or slot["id"]
-                slot["name"] += call.get("function", {}).get("name") or ""
-                slot["arguments"] += call.get("function", {}).get("arguments") or ""
-            finish = choice["finish_reason"] or finish
-    message["finish_reason"] = finish
-    return message
 
 
 @pytest.mark.parametrize("incremental", [False, True])
@@ -73,9 +37,11 @@ def test_stream_reassembles_to_the_non_streaming_answer(
     engine.push(ids)
     plain = httpx.post(f"{proxy_url}/sessions/plain/v1/chat/completions", json=body).json()
     engine.push(ids)
-    events, raw = _events(proxy_url, {**body, "stream": True, "stream_options": {"include_usage": True}}, "s")
+    events, raw = stream_events(
+        proxy_url, {**body, "stream": True, "stream_options": {"include_usage": True}}, "s"
+    )
     assert raw[-1] == "data: [DONE]"
-    streamed = _assemble(events)
+    streamed = assemble_stream(events)
     expected = plain["choices"][0]["message"]
     assert streamed["content"] == expected["content"]
     assert streamed["reasoning_content"] == expected["reasoning_content"]
@@ -100,11 +66,11 @@ def test_streamed_turn_is_continued_like_a_plain_one(
     im_end = token_id(qwen_tokenizer, "<|im_end|>")
     engine.push([*qwen_tokenizer.encode("first answer").ids, im_end])
     messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
-    events, _ = _events(proxy_url, {"model": "m", "messages": messages, "stream": True}, "c")
-    streamed = _assemble(events)
+    events, _ = stream_events(proxy_url, {"model": "m", "messages": messages, "stream": True}, "c")
+    streamed = assemble_stream(events)
     messages += [{"role": "assistant", "content": streamed["content"]}, {"role": "user", "content": "more"}]
     engine.push([*qwen_tokenizer.encode("second").ids, im_end])
-    _events(proxy_url, {"model": "m", "messages": messages, "stream": True}, "c")
+    stream_events(proxy_url, {"model": "m", "messages": messages, "stream": True}, "c")
     [segment] = httpx.get(f"{proxy_url}/sessions/c/trajectory").json()["segments"]
     assert segment["num_calls"] == 2
 
@@ -115,7 +81,7 @@ def test_keepalive_comments_during_silence(
     engine.chunk_delay_s = 0.3
     engine.push([*qwen_tokenizer.encode("a slow answer").ids, token_id(qwen_tokenizer, "<|im_end|>")])
     with start_proxy(stream_keepalive_s=0.1) as url:
-        _, raw = _events(
+        _, raw = stream_events(
             url, {"model": "m", "messages": [{"role": "user", "content": "go"}], "stream": True}, "k"
         )
     assert ": keepalive" in raw
@@ -166,8 +132,8 @@ def test_text_in_the_last_chunk_is_streamed(
     engine.push(ids)
     plain = httpx.post(f"{proxy_url}/sessions/p4/v1/chat/completions", json=body).json()
     engine.push(ids)
-    events, _ = _events(proxy_url, {**body, "stream": True}, "s4")
-    streamed = _assemble(events)
+    events, _ = stream_events(proxy_url, {**body, "stream": True}, "s4")
+    streamed = assemble_stream(events)
     assert plain["choices"][0]["message"]["content"] == qwen_tokenizer.decode(ids[:4])
     assert streamed["content"] == plain["choices"][0]["message"]["content"]
     assert streamed["finish_reason"] == "length"
@@ -180,7 +146,7 @@ def test_a_stop_string_split_across_chunks_is_never_streamed(
     ids = [i for piece in pieces for i in qwen_tokenizer.encode(piece).ids]
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": ["STOP"]}
     engine.push(ids)
-    events, _ = _events(proxy_url, {**body, "stream": True}, "stop")
-    streamed = _assemble(events)
+    events, _ = stream_events(proxy_url, {**body, "stream": True}, "stop")
+    streamed = assemble_stream(events)
     assert streamed["content"] == "alpha beta "
     assert not any("ST" in (e["choices"][0]["delta"].get("content") or "") for e in events if e["choices"])

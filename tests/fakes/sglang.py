@@ -72,6 +72,9 @@ class FakeSGLang:
     incremental: bool = False  # like --incremental-streaming-output: chunks carry deltas
     chunk_delay_s: float = 0.0  # pause between streamed chunks
     stream_closed: bool = False  # set when a client went away mid-stream
+    # A fault for every /generate call: "http500", "malformed_json", "hang", "cut_stream".
+    fault: str | None = None
+    hang_s: float = 30.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def push(self, ids: list[int], logprobs: list[float] | None = None) -> ScriptedOutput:
@@ -109,9 +112,24 @@ class FakeSGLang:
                     return ids, logprobs, {"type": "stop", "matched": stop}
         return ids, logprobs, {"type": "length", "length": len(ids)}
 
+    def _top(self, ids: list[int], logprobs: list[float], count: int) -> list[list[list[Any]]]:
+        """Alternatives as SGLang sends them: the sampled token first, then made-up runners-up."""
+        return [
+            [[lp - rank, (token + rank) % self.vocab_size, None] for rank in range(count)]
+            for token, lp in zip(ids, logprobs, strict=True)
+        ]
+
     async def generate(self, request: Request) -> Response:
         body = await request.json()
         self.requests.append(body)
+        if self.fault == "http500":
+            return JSONResponse(
+                {"error": {"message": "CUDA error: an illegal memory access"}}, status_code=500
+            )
+        if self.fault == "malformed_json":
+            return Response(b'{"text": "oops", "output_ids": [1, 2', media_type="application/json")
+        if self.fault == "hang":
+            await asyncio.sleep(self.hang_s)
         params = body.get("sampling_params") or {}
         unknown = sorted(set(params) - SAMPLING_KEYS)
         if unknown:
@@ -148,10 +166,12 @@ class FakeSGLang:
         if max_new is None:
             params = {**params, "max_new_tokens": self.context_length - len(input_ids)}
         ids, logprobs, finish = self._sample(params)
+        top_count = int(body.get("top_logprobs_num") or 0)
         if body.get("stream"):
             return StreamingResponse(
                 self._stream(body, input_ids, ids, logprobs, finish), media_type="text/event-stream"
             )
+        meta_top = {"output_top_logprobs": self._top(ids, logprobs, top_count)} if top_count else {}
         text_ids = (
             ids[:-1] if finish.get("type") == "stop" and isinstance(finish.get("matched"), int) else ids
         )
@@ -171,6 +191,7 @@ class FakeSGLang:
                     "weight_versions": [{"version": self.weight_version, "start": 0, "end": len(ids)}],
                     "e2e_latency": 0.001,
                     "output_token_logprobs": [[lp, t, None] for t, lp in zip(ids, logprobs, strict=True)],
+                    **meta_top,
                 },
             }
         )
@@ -184,7 +205,10 @@ class FakeSGLang:
         total: int,
     ) -> dict[str, Any]:
         ids, logprobs = piece
+        top_count = int(body.get("top_logprobs_num") or 0)
+        top = {"output_top_logprobs": self._top(ids, logprobs, top_count)} if top_count else {}
         return {
+            **top,
             "id": body.get("rid"),
             "finish_reason": finish,
             "prompt_tokens": len(prompt),
@@ -215,6 +239,8 @@ class FakeSGLang:
                     ),
                 }
                 yield f"data: {json.dumps(chunk)}\n\n"
+                if self.fault == "cut_stream" and end * 2 >= len(ids):
+                    raise ConnectionResetError("the engine died mid-stream")
                 if self.chunk_delay_s:
                     await asyncio.sleep(self.chunk_delay_s)
             yield "data: [DONE]\n\n"

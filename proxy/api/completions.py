@@ -1,0 +1,120 @@
+"""/v1/completions: a text or token-id prompt sent as ids, recorded like a chat turn.
+
+A token prompt that starts with a recorded call's prompt + output continues that call's segment,
+so a token-in/token-out multi-turn client gets the same merged trajectories as a chat harness.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
+
+from proxy.api.deps import SessionIdDep, StateDep
+from proxy.api.logprobs import answered_positions, completion_logprobs
+from proxy.api.openai import event_response, sampling_params
+from proxy.api.schemas import CompletionRequest
+from proxy.api.streaming import StreamOptions, open_streams, sse_events
+from proxy.app_state import AppState
+from proxy.turns import TurnRequest, TurnResult
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+def _prompt_ids(body: CompletionRequest, state: AppState) -> list[int]:
+    prompt = body.single_prompt
+    if isinstance(prompt, list):
+        return prompt
+    # As SGLang and vLLM tokenize a text prompt: the tokenizer's own special tokens (a BOS) included.
+    return list(state.renderer.tokenizer.encode(prompt, add_special_tokens=True).ids)
+
+
+def _body(
+    results: Sequence[TurnResult], body: CompletionRequest, state: AppState, prompt_ids: list[int]
+) -> dict[str, Any]:
+    choices = []
+    for result in results:
+        generation = result.generation
+        upto = answered_positions(generation.output_ids, generation.finish.matched_token)
+        choice: dict[str, Any] = {
+            "index": result.choice_index,
+            "text": result.output.content or "",
+            "logprobs": None,
+            "finish_reason": result.finish_reason,
+        }
+        if body.logprobs is not None:
+            top = generation.top_logprobs
+            choice["logprobs"] = completion_logprobs(
+                state.pieces,
+                generation.output_ids[:upto],
+                generation.logprobs[:upto],
+                top[:upto] if top is not None else None,
+                body.logprobs,
+            )
+        if body.return_token_ids:
+            choice["token_ids"] = generation.output_ids
+        choices.append(choice)
+    completion_tokens = sum(r.completion_tokens for r in results)
+    answer: dict[str, Any] = {
+        "id": f"cmpl-{results[0].call_id}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": body.model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": results[0].prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": results[0].prompt_tokens + completion_tokens,
+        },
+    }
+    if body.return_token_ids:
+        answer["prompt_token_ids"] = prompt_ids
+    return answer
+
+
+@router.post("/completions", response_model=None)
+async def completions(
+    body: CompletionRequest, state: StateDep, session: SessionIdDep, response: Response, http_request: Request
+) -> dict[str, Any] | StreamingResponse:
+    session_id, _ = session
+    body.check_supported()
+    prompt_ids = _prompt_ids(body, state)
+    top = body.logprobs or 0
+    request = TurnRequest(
+        messages=[],
+        tools=None,
+        template_kwargs=None,
+        sampling=sampling_params(
+            body, stop_token_ids=state.renderer.stop_token_ids, state=state, top_logprobs=top
+        ),
+        max_tokens_requested=body.requested_max_tokens,
+        raw=body.model_dump(exclude={"prompt"}, exclude_none=True),
+        choices=body.n or 1,
+        prompt_ids=prompt_ids,
+    )
+    headers = {"X-Session-Id": session_id}
+    if not body.stream:
+        results = await state.turns.run(session_id, request)
+        response.headers.update(headers)
+        return _body(results, body, state, prompt_ids)
+    turn = await state.turns.prepare(session_id, request)
+    streams = await open_streams(state.engine, turn, request.choices)
+    options = StreamOptions(
+        model=body.model,
+        include_usage=bool((body.stream_options or {}).get("include_usage")),
+        keepalive_s=state.settings.stream_keepalive_s,
+        top_logprobs=body.logprobs,
+    )
+    events = sse_events(
+        turns=state.turns,
+        engine=state.engine,
+        turn=turn,
+        streams=streams,
+        options=options,
+        pieces=state.pieces,
+        text_completion=True,
+    )
+    return event_response(events, headers)

@@ -1,0 +1,106 @@
+"""/v1/completions: text or token-id prompts, sent and recorded token for token."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from tokenizers import Tokenizer
+
+from tests.fakes.sglang import FakeSGLang
+from tests.support import segments, token_id
+
+
+def _complete(url: str, session: str, **body: Any) -> dict[str, Any]:
+    response = httpx.post(
+        f"{url}/sessions/{session}/v1/completions", json={"model": "m", "max_tokens": 32, **body}, timeout=30
+    )
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def _script(engine: FakeSGLang, tokenizer: Tokenizer, text: str, stop: bool = True) -> list[int]:
+    ids = tokenizer.encode(text).ids + ([token_id(tokenizer, "<|im_end|>")] if stop else [])
+    engine.push(ids, [-0.5 - i / 8 for i in range(len(ids))])
+    return ids
+
+
+def test_text_prompt_is_tokenized_once_and_answered_with_legacy_logprobs(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    output = _script(engine, qwen_tokenizer, " the answer is 4")
+    answer = _complete(proxy_url, "t", prompt="2 + 2 =", logprobs=2, return_token_ids=True)
+    assert engine.requests[-1]["input_ids"] == qwen_tokenizer.encode("2 + 2 =").ids
+    [choice] = answer["choices"]
+    assert answer["object"] == "text_completion"
+    assert choice["text"] == " the answer is 4"
+    assert choice["finish_reason"] == "stop"
+    assert choice["token_ids"] == output
+    assert answer["prompt_token_ids"] == qwen_tokenizer.encode("2 + 2 =").ids
+    logprobs = choice["logprobs"]
+    assert "".join(logprobs["tokens"]) == choice["text"]
+    assert logprobs["token_logprobs"] == [-0.5 - i / 8 for i in range(len(output) - 1)]
+    assert all(len(top) == 2 for top in logprobs["top_logprobs"])
+    assert logprobs["text_offset"][0] == 0
+
+
+def test_token_prompts_that_extend_a_record_continue_its_segment(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    prompt = qwen_tokenizer.encode("Question: what is 2 + 2?\nAnswer:").ids
+    first = _script(engine, qwen_tokenizer, " 4.", stop=False)
+    _complete(proxy_url, "tok", prompt=prompt, max_tokens=len(first))
+    observation = qwen_tokenizer.encode("\nQuestion: and 3 + 3?\nAnswer:").ids
+    second = _script(engine, qwen_tokenizer, " 6.", stop=False)
+    _complete(proxy_url, "tok", prompt=prompt + first + observation, max_tokens=len(second))
+    assert engine.requests[-1]["input_ids"] == prompt + first + observation
+    [segment] = segments(proxy_url, "tok")
+    assert segment["num_calls"] == 2
+    assert segment["prompt_ids"] == prompt
+    assert segment["response_ids"] == first + observation + second
+    assert segment["loss_mask"] == [1] * len(first) + [0] * len(observation) + [1] * len(second)
+    assert "skipped" in segment["drift"]
+
+
+def test_streamed_completion_reassembles_to_the_plain_text(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    _script(engine, qwen_tokenizer, " Grüße aus 東京, friend")
+    plain = _complete(proxy_url, "p", prompt="Say hi:")["choices"][0]["text"]
+    _script(engine, qwen_tokenizer, " Grüße aus 東京, friend")
+    texts: list[str] = []
+    finish = None
+    body = {"model": "m", "prompt": "Say hi:", "max_tokens": 32, "stream": True}
+    with httpx.stream("POST", f"{proxy_url}/sessions/s/v1/completions", json=body, timeout=30) as response:
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    for line in lines[:-1]:
+        [choice] = json.loads(line[6:])["choices"]
+        texts.append(choice["text"])
+        finish = choice["finish_reason"] or finish
+    assert "".join(texts) == plain
+    assert len([t for t in texts if t]) > 3
+    assert finish == "stop"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": [10**7]}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "best_of": 3}, "best_of"),
+        ({"prompt": "x", "logprobs": 21}, "logprobs"),
+    ],
+)
+def test_bad_completion_requests_are_400(
+    proxy_url: str, engine: FakeSGLang, body: dict[str, Any], param: str
+) -> None:
+    response = httpx.post(f"{proxy_url}/v1/completions", json={"model": "m", **body}, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+    assert not engine.requests
