@@ -8,12 +8,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from proxy.api import admin, completions, export, health, openai, sessions
+from proxy.api.auth import require_admin_key, require_harness_key
 from proxy.app_state import AppState
 from proxy.chat.parsing import build_parser
 from proxy.chat.renderer import Renderer
@@ -97,13 +98,12 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             await db_engine.dispose()
 
     app = FastAPI(title="tito-proxy", version="0.1.0", lifespan=lifespan)
-    app.include_router(openai.router)
-    app.include_router(openai.router, prefix="/sessions/{session_id}")
-    app.include_router(completions.router)
-    app.include_router(completions.router, prefix="/sessions/{session_id}")
-    app.include_router(sessions.router)
-    app.include_router(export.router)
-    app.include_router(admin.router)
+    harness = [Depends(require_harness_key)]
+    for surface in (openai.router, completions.router):
+        app.include_router(surface, dependencies=harness)
+        app.include_router(surface, prefix="/sessions/{session_id}", dependencies=harness)
+    for recorded in (sessions.router, export.router, admin.router):
+        app.include_router(recorded, dependencies=[Depends(require_admin_key)])
     app.include_router(health.router)
     _install_error_handlers(app)
     return app

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+
+from proxy.chat.parsing import PARSER_NAMES
 
 
 def _serve_parser(sub: Any) -> None:
@@ -42,17 +45,12 @@ def _serve_parser(sub: Any) -> None:
     )
     serve.add_argument(
         "--tool-parser",
-        choices=[
-            "auto",
-            "hermes",
-            "qwen3_coder",
-            "glm45",
-            "llama3_json",
-            "deepseek_v3",
-            "mistral",
-            "gpt_oss",
-        ],
+        choices=["auto", *PARSER_NAMES],
         help="output format of tool calls (default: detected from the chat template)",
+    )
+    serve.add_argument("--api-key", help="key harnesses must send (Bearer) for /v1; also TITO_API_KEY")
+    serve.add_argument(
+        "--admin-key", help="key for sessions, trajectories, export and /admin; also TITO_ADMIN_KEY"
     )
     serve.add_argument(
         "--drift-report", choices=["strict", "ignore_strippable", "disable"], help="default strict"
@@ -79,6 +77,8 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "tool_parser",
         "session_idle_timeout_s",
         "stream_keepalive_s",
+        "api_key",
+        "admin_key",
     )
     given = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     return Settings(**given)
@@ -139,7 +139,10 @@ def _export(args: argparse.Namespace) -> int:
     if args.consumer:
         params["consumer"] = args.consumer
     written = 0
-    with httpx.stream("GET", f"{args.url.rstrip('/')}/export", params=params, timeout=None) as response:
+    headers = {"Authorization": f"Bearer {args.admin_key}"} if args.admin_key else {}
+    with httpx.stream(
+        "GET", f"{args.url.rstrip('/')}/export", params=params, timeout=None, headers=headers
+    ) as response:
         if response.status_code != 200:
             response.read()
             print(f"tito-proxy export: HTTP {response.status_code}: {response.text}", file=sys.stderr)
@@ -161,6 +164,7 @@ def _export(args: argparse.Namespace) -> int:
             f"{args.url.rstrip('/')}/export/ack",
             json={"consumer": args.consumer, "session_ids": session_ids},
             timeout=60,
+            headers=headers,
         )
         acked.raise_for_status()
         print(f"acked {acked.json()['acked']} sessions for consumer {args.consumer!r}")
@@ -215,6 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     export.add_argument("--after", type=int, default=0, help="export cursor to start after")
     export.add_argument("--consumer", help="deliver only sessions this consumer has not acked")
     export.add_argument("--ack", action="store_true", help="ack the written sessions (needs --consumer)")
+    export.add_argument(
+        "--admin-key", default=os.environ.get("TITO_ADMIN_KEY"), help="the proxy's admin key (TITO_ADMIN_KEY)"
+    )
     check = sub.add_parser("check-template", help="run the chat-template self-test and print its verdict")
     check.add_argument("--tokenizer", type=Path, required=True)
     demo = sub.add_parser("demo-model", help="build a tiny random-weight Qwen3 model offline (needs [local])")

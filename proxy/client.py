@@ -11,6 +11,7 @@ batch = to_batch(samples, pad_id=0)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -25,8 +26,20 @@ class TitoError(RuntimeError):
 
 
 class TitoClient:
-    def __init__(self, base_url: str, *, timeout: float = 60.0, transport: httpx.BaseTransport | None = None):
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport)
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        admin_key: str | None = None,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        # The admin key, when the proxy runs with one (TITO_ADMIN_KEY is read if none is given).
+        key = admin_key if admin_key is not None else os.environ.get("TITO_ADMIN_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"), timeout=timeout, transport=transport, headers=headers
+        )
 
     def __enter__(self) -> TitoClient:
         return self

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 EngineKind = Literal["sglang", "local"]
@@ -35,8 +35,20 @@ class Settings(BaseSettings):
     history_mode: Literal["exact", "template"] = "exact"
     drift_report: Literal["strict", "ignore_strippable", "disable"] = "strict"
     tool_parser: Literal[
-        "auto", "hermes", "qwen3_coder", "glm45", "llama3_json", "deepseek_v3", "mistral", "gpt_oss"
+        "auto",
+        "hermes",
+        "qwen3_coder",
+        "glm45",
+        "llama3_json",
+        "deepseek_v3",
+        "mistral",
+        "kimi_k2",
+        "gpt_oss",
     ] = "auto"
+    # Bearer keys: the harness key opens the OpenAI surface; the admin key opens sessions, trajectories,
+    # exports and weight versions. Without an admin key those need the harness key (if one is set).
+    api_key: SecretStr | None = None
+    admin_key: SecretStr | None = None
 
     @model_validator(mode="after")
     def _tokenizer_source(self) -> Settings:

@@ -5,6 +5,8 @@ ProxyError                      500 server_error
 │   ├── UnsupportedParameter    400 code=unsupported_parameter
 │   ├── ContextLengthExceeded   400 code=context_length_exceeded
 │   └── TemplateError           400 code=template_error (the served template refuses the conversation)
+├── Unauthorized                401 code=invalid_api_key (no key, or a wrong one)
+├── Forbidden                   403 permission_error (the harness key on an admin route)
 ├── NotFound                    404 not_found_error
 ├── Conflict                    409 conflict_error (a session id that is taken)
 └── EngineError                 502 engine_error (bad answer from the engine)
@@ -50,6 +52,18 @@ class UnsupportedParameter(InvalidRequest):
 
 class ContextLengthExceeded(InvalidRequest):
     default_code = "context_length_exceeded"
+
+
+class Unauthorized(ProxyError):
+    status_code = 401
+    error_type = "invalid_request_error"
+    default_code = "invalid_api_key"
+
+
+class Forbidden(ProxyError):
+    status_code = 403
+    error_type = "permission_error"
+    default_code = "insufficient_permissions"
 
 
 class NotFound(ProxyError):

@@ -125,7 +125,7 @@ def test_langchain_chat_openai_tool_round_trip(
         model="m",
         base_url=f"{proxy_url}/sessions/langchain/v1",
         api_key="unused",
-        max_retries=0,  # type: ignore[arg-type]
+        max_retries=0,
     ).bind_tools(TOOLS)
     history: list[Any] = [HumanMessage("What is a proxy?")]
     _push(engine, qwen_tokenizer, CALL)
