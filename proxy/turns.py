@@ -168,12 +168,12 @@ class TurnRunner:
 
     async def _plan_tokens(self, repo: Repository, session_id: str, prompt_ids: list[int]) -> PromptPlan:
         """A token prompt continues the newest recorded call whose prompt + output it starts with."""
-        prompt = np.asarray(prompt_ids, dtype=np.int64)
-        if not len(prompt):
+        if not prompt_ids:
             raise InvalidRequest("the prompt is empty", param="prompt")
-        if int(prompt.max()) >= self.renderer.vocab_size or int(prompt.min()) < 0:
+        vocab = self.renderer.vocab_size
+        if any(not 0 <= token < vocab for token in prompt_ids):
             raise InvalidRequest("the prompt holds a token id outside the vocabulary", param="prompt")
-        ids = prompt.astype(np.int32)
+        ids = np.asarray(prompt_ids, dtype=np.int32)
         for candidate in await repo.latest_answered(session_id, limit=8):
             recorded = await self._recorded(repo, candidate)
             size = len(recorded.ids)

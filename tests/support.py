@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -106,3 +111,43 @@ def assemble_stream(events: list[dict[str, Any]], index: int = 0) -> dict[str, A
             finish = choice["finish_reason"] or finish
     message["finish_reason"] = finish
     return message
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def spawn_proxy(
+    args: list[str], env: dict[str, str], log: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """`python -m proxy serve ARGS` as its own process on a free port, once healthy; terminated on exit
+    unless the test killed it."""
+    port = free_port()
+    with log.open("ab") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "serve", *args, "--port", str(port)],
+            env={**os.environ, **env},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the proxy did not become healthy"
+            time.sleep(0.1)
+        yield process, url
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(timeout=30)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from datetime import datetime
 from typing import Any, Literal
 
@@ -83,6 +84,8 @@ async def get_session(session_id: str, state: StateDep) -> dict[str, Any]:
         **session_json(session),
         "num_calls": len(calls),
         "num_segments": len({c.segment_id for c in calls}),
+        # ok calls are training samples; aborted ones (a client or engine that left mid-stream) are not.
+        "calls_by_status": dict(Counter(c.status for c in calls)),
     }
 
 

@@ -192,6 +192,11 @@ class SGLangEngine:
             if response.status_code == 503:
                 raise EngineUnavailable(f"the engine is not ready: {_error_message(response)}")
             raise EngineError(f"the engine answered HTTP {response.status_code}: {_error_message(response)}")
+        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+            await response.aclose()
+            raise EngineError(
+                "the engine answered a stream request with malformed JSON, not server-sent events"
+            )
         return self._chunks(response, top_logprobs=params.top_logprobs > 0)
 
     async def _chunks(self, response: httpx.Response, *, top_logprobs: bool) -> AsyncIterator[StreamChunk]:

@@ -4,70 +4,29 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from tests.fakes.sglang import FakeSGLang
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from tests.support import spawn_proxy
 
 
 def test_serve_command_starts_migrates_and_answers(
     engine: FakeSGLang, qwen_dir: Path, tmp_path: Path
 ) -> None:
-    port = _free_port()
-    env = {**os.environ, "TITO_DB": f"sqlite:///{tmp_path / 'cli.db'}", "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
-    log = tmp_path / "serve.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "proxy",
-                "serve",
-                "--tokenizer",
-                str(qwen_dir),
-                "--port",
-                str(port),
-                "--served-model-name",
-                "qwen-test",
-            ],
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the proxy did not become healthy"
-            time.sleep(0.1)
+    env = {"TITO_DB": f"sqlite:///{tmp_path / 'cli.db'}", "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
+    args = ["--tokenizer", str(qwen_dir), "--served-model-name", "qwen-test"]
+    with spawn_proxy(args, env, tmp_path / "serve.log") as (_, url):
         assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == "qwen-test"
         reply = httpx.post(
             f"{url}/sessions/c/v1/chat/completions",
             json={"model": "qwen-test", "messages": [{"role": "user", "content": "hi"}]},
         )
         assert reply.status_code == 200, reply.text
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
     assert (tmp_path / "cli.db").is_file()
 
 

@@ -1,0 +1,123 @@
+"""Engine faults and concurrency: the right 5xx in OpenAI's envelope, nothing half-recorded, and
+parallel requests on one session each recorded whole."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+from tokenizers import Tokenizer
+
+from tests.conftest import ProxyFactory
+from tests.fakes.sglang import FakeSGLang
+from tests.support import segments, token_id
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def _nothing_recorded(url: str, session: str) -> None:
+    assert httpx.get(f"{url}/sessions/{session}/trajectory").status_code == 404
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        ("http500", (502, "bad_gateway", "CUDA error")),
+        ("malformed_json", (502, "bad_gateway", "malformed JSON")),
+        ("hang", (504, "engine_timeout", "in time")),
+    ],
+)
+def test_engine_faults_answer_in_the_envelope_and_record_nothing(
+    start_proxy: ProxyFactory,
+    engine: FakeSGLang,
+    fault: str,
+    expected: tuple[int, str, str],
+    stream: bool,
+) -> None:
+    status, code, message = expected
+    engine.fault, engine.hang_s = fault, 3.0
+    with start_proxy(engine_timeout_s=0.5) as url:
+        body = {"model": "m", "messages": USER, "stream": stream}
+        response = httpx.post(f"{url}/sessions/f/v1/chat/completions", json=body, timeout=30)
+        # Faults found before the first byte is sent are HTTP errors, streamed or not.
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["type"] == "engine_error"
+        assert error["code"] == code
+        assert message in error["message"]
+        _nothing_recorded(url, "f")
+
+
+def test_a_stream_cut_by_the_engine_ends_with_an_error_and_is_never_exported_as_complete(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    engine.fault = "cut_stream"
+    engine.push([*qwen_tokenizer.encode(" word" * 20).ids, token_id(qwen_tokenizer, "<|im_end|>")])
+    body = {"model": "m", "messages": USER, "stream": True}
+    response = httpx.post(f"{proxy_url}/sessions/cut/v1/chat/completions", json=body, timeout=30)
+    events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["type"] == "engine_error"
+    assert not any('"finish_reason":"stop"' in e or '"finish_reason": "stop"' in e for e in events)
+    # The partial turn is kept as aborted: visible to an operator, never a training sample.
+    assert segments(proxy_url, "cut") == []
+    calls = httpx.get(f"{proxy_url}/sessions/cut").json()
+    assert calls["num_calls"] == 1
+    assert calls["calls_by_status"] == {"aborted": 1}
+
+
+def test_parallel_requests_on_one_session_are_each_recorded_whole(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    im_end = token_id(qwen_tokenizer, "<|im_end|>")
+    first = httpx.post(
+        f"{proxy_url}/sessions/par/v1/chat/completions", json={"model": "m", "messages": USER}, timeout=30
+    ).json()["choices"][0]["message"]
+    history = [*USER, {"role": "assistant", "content": first["content"]}]
+    for i in range(24):
+        engine.push([*qwen_tokenizer.encode(f"answer {i}").ids, im_end])
+
+    def branch(i: int) -> dict[str, Any]:
+        # Half continue the shared turn (siblings), half open conversations of their own.
+        messages = (
+            [*history, {"role": "user", "content": f"q{i}"}]
+            if i % 2
+            else [{"role": "user", "content": f"q{i}"}]
+        )
+        response = httpx.post(
+            f"{proxy_url}/sessions/par/v1/chat/completions",
+            json={"model": "m", "messages": messages},
+            timeout=60,
+        )
+        assert response.status_code == 200, response.text
+        result: dict[str, Any] = response.json()
+        return result
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        answers = list(pool.map(branch, range(24)))
+    assert len({a["id"] for a in answers}) == 24
+    found = segments(proxy_url, "par")
+    # 12 new conversations, and 12 siblings continuing the first turn.
+    assert sorted(s["num_calls"] for s in found) == [1] * 12 + [2] * 12
+    sent = {tuple(r["input_ids"]) for r in engine.requests}
+    for segment in found:
+        # What each branch recorded is exactly what the engine was sent and sampled (I6).
+        stream = segment["prompt_ids"] + segment["response_ids"]
+        last_prompt_len = len(stream) - sum(1 for _ in _last_output(segment))
+        assert tuple(stream[:last_prompt_len]) in sent
+
+
+def _last_output(segment: dict[str, Any]) -> list[int]:
+    """The trailing run of sampled ids (mask 1): the last call's output."""
+    tail: list[int] = []
+    for token, mask in zip(reversed(segment["response_ids"]), reversed(segment["loss_mask"]), strict=True):
+        if mask != 1:
+            break
+        tail.append(token)
+    return tail
