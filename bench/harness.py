@@ -61,19 +61,22 @@ class Stack:
     engine_url: str
     proxy_url: str
     db_path: Path
+    proxy_pid: int
 
 
 @contextmanager
-def running_stack(work: Path, *extra_args: str) -> Iterator[Stack]:
+def running_stack(work: Path, *extra_args: str, reply: str = REPLY) -> Iterator[Stack]:
     """The stand-in engine and the proxy (SQLite under `work`), each in its own process."""
     tokenizer_dir = work / "tokenizer"
     copy_qwen_tokenizer(tokenizer_dir)
     engine_port, proxy_port = free_port(), free_port()
-    stack = Stack(f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}", work / "bench.db")
+    engine_url, proxy_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}"
+    db_path = work / "bench.db"
     with ExitStack() as processes:
 
         def spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-            process = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            log = processes.enter_context((work / f"{args[2].replace('.', '-')}.log").open("wb"))
+            process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
             processes.callback(process.wait, 30)
             processes.callback(process.terminate)
             return process
@@ -88,11 +91,11 @@ def running_stack(work: Path, *extra_args: str) -> Iterator[Stack]:
                 "--port",
                 str(engine_port),
                 "--reply",
-                REPLY,
+                reply,
             ]
         )
-        wait_healthy(stack.engine_url, engine)
-        env = {**os.environ, "TITO_DB": f"sqlite:///{stack.db_path}", "TITO_LOG_LEVEL": "warning"}
+        wait_healthy(engine_url, engine)
+        env = {**os.environ, "TITO_DB": f"sqlite:///{db_path}", "TITO_LOG_LEVEL": "warning"}
         proxy = spawn(
             [
                 sys.executable,
@@ -100,7 +103,7 @@ def running_stack(work: Path, *extra_args: str) -> Iterator[Stack]:
                 "proxy",
                 "serve",
                 "--engine-url",
-                stack.engine_url,
+                engine_url,
                 "--tokenizer",
                 str(tokenizer_dir),
                 "--port",
@@ -109,8 +112,16 @@ def running_stack(work: Path, *extra_args: str) -> Iterator[Stack]:
             ],
             env,
         )
-        wait_healthy(stack.proxy_url, proxy)
-        yield stack
+        wait_healthy(proxy_url, proxy)
+        yield Stack(engine_url, proxy_url, db_path, proxy.pid)
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise RuntimeError(f"no VmRSS for process {pid}")
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -2,10 +2,10 @@
 
 Engine: the SGLang stand-in (answers instantly, real HTTP, own process). Proxy: `tito-proxy serve`
 in its own process with SQLite (synchronous=FULL). Per session, a tool conversation whose every
-tool result adds about 1,000 tokens, so turn 32 carries a ~32k-token context. For each measured
+tool result adds about 500 tokens, so turn 64 carries a ~32k-token context. For each measured
 turn, the same prompt ids are then sent straight to the engine; the difference is the proxy's cost.
 
-Run: .venv/bin/python -m bench.turn_latency [--sessions 40] [--turns 32]
+Run: .venv/bin/python -m bench.turn_latency [--sessions 10] [--turns 64]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import httpx
 
 from bench.harness import TOOLS, percentile, running_stack, tool_result
 
-TOOL_RESULT = tool_result(41)  # ~1,000 tokens per tool result
+TOOL_RESULT = tool_result(21)  # ~500 tokens per tool result: turn 64 carries ~32k tokens
 
 
 def measure(sessions: int, turns: int, measured: tuple[int, ...]) -> dict[str, Any]:
@@ -88,8 +88,8 @@ def measure(sessions: int, turns: int, measured: tuple[int, ...]) -> dict[str, A
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=40)
-    parser.add_argument("--turns", type=int, default=32)
+    parser.add_argument("--sessions", type=int, default=10)
+    parser.add_argument("--turns", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"))
     args = parser.parse_args()
     results = measure(args.sessions, args.turns, (1, args.turns))

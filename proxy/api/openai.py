@@ -79,7 +79,7 @@ def _turn_request(
         body,
         stop_token_ids=state.renderer.stop_token_ids,
         state=state,
-        top_logprobs=body.top_logprobs or 0 if body.logprobs else 0,
+        top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
     )
     return TurnRequest(
         messages=[m.as_plain() for m in body.messages],

@@ -51,6 +51,7 @@ class Renderer:
             (str(t.content) for t in decoder.values() if t.special), key=len, reverse=True
         )
         self.arguments_as: Literal["object", "string"] = "object"
+        self._heads: dict[str, list[int]] = {}
         self.verdict: TemplateVerdict = TemplateProbe(self).run()
         # Fixed for the process: derived once, read on every turn.
         self.close_token_ids = self._ids_of(self.verdict.close_tokens)
@@ -182,6 +183,15 @@ class Renderer:
             raise DeltaUnavailable("the assistant stub is missing from the fixed-base render")
         return self.cut_after_close(text, stub_at + len(STUB_CONTENT))
 
+    def _head_ids(self, head: str) -> list[int]:
+        """The fixed base up to the stub's close: the same few texts on every turn, so encoded once."""
+        found = self._heads.get(head)
+        if found is None:
+            if len(self._heads) >= 256:
+                self._heads.pop(next(iter(self._heads)))
+            found = self._heads[head] = self.encode(head)
+        return found
+
     def cut_after_close(self, text: str, start: int) -> Delta:
         """The ids of `text` after the first close token at or past `start`, trusted only when the
         text up to that close encodes to a token prefix of the whole."""
@@ -189,7 +199,7 @@ class Renderer:
         if not ends:
             raise DeltaUnavailable("no close token after the assistant turn in the render")
         close_at, close = min(ends)
-        head_ids = self.encode(text[: close_at + len(close)])
+        head_ids = self._head_ids(text[: close_at + len(close)])
         full_ids = self.encode(text)
         if full_ids[: len(head_ids)] != head_ids:
             raise DeltaUnavailable("the render is not a token prefix at the assistant's close")

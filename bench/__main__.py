@@ -1,0 +1,111 @@
+"""Every benchmark in one run: writes bench/results.json and the table in README.md.
+
+Run: .venv/bin/python -m bench [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import concurrency, rerender, storage_export, streaming_ttft, turn_latency
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLE = re.compile(r"(<!-- bench:start -->\n).*?(<!-- bench:end -->)", re.DOTALL)
+
+
+def run(quick: bool) -> dict[str, Any]:
+    scale = 0.25 if quick else 1.0
+    print("turn latency ...", flush=True)
+    latency = turn_latency.measure(max(2, round(10 * scale)), 64, (1, 64))
+    print("time to first token ...", flush=True)
+    ttft = streaming_ttft.measure(max(2, round(10 * scale)))
+    print("full re-render vs fixed-base delta ...", flush=True)
+    render = rerender.measure()
+    print("concurrency and memory ...", flush=True)
+    load = concurrency.measure(256, 8, round(10_000 * scale))
+    print("storage and export ...", flush=True)
+    storage = storage_export.measure(max(2, round(8 * scale)))
+    return {
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": _cpus(), "python": platform.python_version()},
+        "turn_latency": latency,
+        "streaming_ttft": ttft,
+        "rerender": render,
+        "concurrency": load,
+        "storage_export": storage,
+    }
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))
+
+
+def table(results: dict[str, Any]) -> str:
+    latency = results["turn_latency"]["turns"]
+    ttft = results["streaming_ttft"]["turns"]
+    render = results["rerender"]["turns"]
+    load = results["concurrency"]
+    storage = results["storage_export"]
+    rows = [
+        ("| Measure | Turn 1 | Turn 64 | Target |", "|---|---|---|---|"),
+    ]
+    lines = [*rows[0]]
+
+    def pair(source: dict[str, Any], key: str, unit: str = " ms") -> str:
+        return " | ".join(f"{source[t][key]:.2f}{unit}" for t in ("1", "64"))
+
+    lines += [
+        f"| Prompt tokens | {latency['1']['prompt_tokens']} | {latency['64']['prompt_tokens']} | |",
+        f"| Engine alone, p50 | {pair(latency, 'direct_p50_ms')} | |",
+        f"| Added by the proxy, p50 | {pair(latency, 'added_p50_ms')} | ≤ 1 ms |",
+        f"| Through the proxy, p99 | {pair(latency, 'proxy_p99_ms')} | |",
+        f"| Streaming: time to first token added, p50 | {pair(ttft, 'added_p50_ms')} | |",
+        f"| Tokenizing the turn: full re-render (other gateways) | {pair(render, 'full_render_ms')} | |",
+        f"| Tokenizing the turn: tito-proxy | {pair(render, 'tito_ms')} | flat |",
+        "",
+        "| Measure | Value | Target |",
+        "|---|---|---|",
+        f"| Turns per second, {load['concurrent_sessions']} concurrent sessions, each committed | "
+        f"{load['turns_per_s']:.0f} | ≥ 2,000 |",
+        f"| Resident memory with {load['open_sessions']:,} sessions open | "
+        f"{load['rss_mib_with_open_sessions']} MiB | |",
+        f"| Bytes on disk per token (whole SQLite file) | {storage['db_bytes_per_token']} | ≤ 10 |",
+        f"| Bytes per token of the token arrays alone | {storage['token_blob_bytes_per_token']} | |",
+        f"| Export, merged, tokens per second | {storage['export_merged_tokens_per_s']:,} | |",
+    ]
+    machine = results["machine"]
+    lines.append("")
+    lines.append(
+        f"Measured {results['measured_at']} on {machine['cpus']} cores (Python {machine['python']}), "
+        "client, proxy and engine stand-in on the same machine: `.venv/bin/python -m bench`."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sessions: a smoke run, not the figures")
+    parser.add_argument("--no-readme", action="store_true", help="leave README.md as it is")
+    args = parser.parse_args()
+    results = run(args.quick)
+    (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    rendered = table(results)
+    print(rendered)
+    if not args.no_readme and not args.quick:
+        readme = ROOT / "README.md"
+        text = readme.read_text()
+        if not TABLE.search(text):
+            raise SystemExit("README.md has no <!-- bench:start --> ... <!-- bench:end --> block")
+        readme.write_text(TABLE.sub(lambda m: m.group(1) + rendered + m.group(2), text))
+
+
+if __name__ == "__main__":
+    main()

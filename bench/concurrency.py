@@ -1,0 +1,87 @@
+"""Turns per second with many concurrent sessions, and resident memory with many sessions open.
+
+Each of N sessions runs short tool conversations concurrently against `tito-proxy serve` (one
+process, SQLite, every turn committed before it is answered). Client, proxy and engine stand-in
+share the machine's cores, so the figure is a floor for the proxy alone.
+
+Run: .venv/bin/python -m bench.concurrency [--sessions 256] [--turns 8] [--open-sessions 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from bench.harness import TOOLS, rss_mib, running_stack
+
+RESULT = "src/main.py: 3 lines changed"
+
+
+async def _session(client: httpx.AsyncClient, session: str, turns: int) -> int:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug."}]
+    for _ in range(turns):
+        reply = await client.post(
+            f"/sessions/{session}/v1/chat/completions",
+            json={"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 64},
+        )
+        reply.raise_for_status()
+        message = reply.json()["choices"][0]["message"]
+        messages += [
+            message,
+            {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": RESULT},
+        ]
+    return turns
+
+
+async def _run(url: str, sessions: int, turns: int, prefix: str, concurrency: int) -> float:
+    # Idle connections are dropped before uvicorn's 5 s keep-alive ends, so none is reused as it closes.
+    limits = httpx.Limits(
+        max_connections=concurrency, max_keepalive_connections=concurrency, keepalive_expiry=2.0
+    )
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(n: int) -> int:
+            async with gate:
+                return await _session(client, f"{prefix}-{n}", turns)
+
+        started = time.perf_counter()
+        done = sum(await asyncio.gather(*(one(n) for n in range(sessions))))
+        return done / (time.perf_counter() - started)
+
+
+def measure(sessions: int, turns: int, open_sessions: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as work, running_stack(Path(work)) as stack:
+        turns_per_s = asyncio.run(_run(stack.proxy_url, sessions, turns, "c", sessions))
+        idle_rss = rss_mib(stack.proxy_pid)
+        asyncio.run(_run(stack.proxy_url, open_sessions, 1, "open", 256))
+        open_rss = rss_mib(stack.proxy_pid)
+    return {
+        "concurrent_sessions": sessions,
+        "turns_per_session": turns,
+        "turns_per_s": round(turns_per_s, 1),
+        "open_sessions": open_sessions + sessions,
+        "rss_mib_after_concurrency_run": idle_rss,
+        "rss_mib_with_open_sessions": open_rss,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=256)
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--open-sessions", type=int, default=10_000)
+    args = parser.parse_args()
+    results = measure(args.sessions, args.turns, args.open_sessions)
+    print(orjson.dumps(results, option=orjson.OPT_INDENT_2).decode())
+
+
+if __name__ == "__main__":
+    main()
