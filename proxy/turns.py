@@ -158,10 +158,10 @@ class TurnRunner:
             started=started,
             rendered=self._clock(),
             reasoning_open=self._reasoning_open(plan.prompt),
-            parser=self._parser_for(request),
+            parser=self.parser_for(request),
         )
 
-    def _parser_for(self, request: TurnRequest) -> OutputParser:
+    def parser_for(self, request: TurnRequest) -> OutputParser:
         if request.is_completion:
             return replace(self.parser, parse_reasoning=False, tool_calls=False)  # raw text
         return self.parser if request.parse_tools else replace(self.parser, tool_calls=False)

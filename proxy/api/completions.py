@@ -13,11 +13,13 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
+from proxy.api.answering import answer
 from proxy.api.deps import SessionIdDep, StateDep
 from proxy.api.logprobs import answered_positions, completion_logprobs
-from proxy.api.openai import event_response, sampling_params
+from proxy.api.openai import sampling_params
+from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import CompletionRequest
-from proxy.api.streaming import StreamOptions, open_streams, sse_events
+from proxy.api.streaming import StreamOptions
 from proxy.app_state import AppState
 from proxy.turns import TurnRequest, TurnResult
 
@@ -82,6 +84,7 @@ async def completions(
     session_id, _ = session
     body.check_supported()
     prompt_ids = _prompt_ids(body, state)
+    identity = RetryIdentity.from_request(dict(http_request.headers), await http_request.body())
     top = body.logprobs or 0
     request = TurnRequest(
         messages=[],
@@ -94,27 +97,23 @@ async def completions(
         raw=body.model_dump(exclude={"prompt"}, exclude_none=True),
         choices=body.n or 1,
         prompt_ids=prompt_ids,
+        idempotency_key=identity.idempotency_key if identity else None,
+        request_hash=identity.request_hash if identity else None,
     )
-    headers = {"X-Session-Id": session_id}
-    if not body.stream:
-        results = await state.turns.run(session_id, request)
-        response.headers.update(headers)
-        return _body(results, body, state, prompt_ids)
-    turn = await state.turns.prepare(session_id, request)
-    streams = await open_streams(state.engine, turn, request.choices)
     options = StreamOptions(
         model=body.model,
         include_usage=bool((body.stream_options or {}).get("include_usage")),
         keepalive_s=state.settings.stream_keepalive_s,
         top_logprobs=body.logprobs,
     )
-    events = sse_events(
-        turns=state.turns,
-        engine=state.engine,
-        turn=turn,
-        streams=streams,
+    return await answer(
+        state,
+        session_id,
+        request,
+        identity,
+        stream=bool(body.stream),
         options=options,
-        pieces=state.pieces,
         text_completion=True,
+        body_of=lambda results: _body(results, body, state, prompt_ids),
+        response=response,
     )
-    return event_response(events, headers)

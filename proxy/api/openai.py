@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
+from proxy.api.answering import answer
 from proxy.api.deps import SessionIdDep, StateDep
 from proxy.api.logprobs import answered_positions, chat_logprobs
-from proxy.api.retries import RetryIdentity, recorded_answer, replayed_results
+from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import ChatCompletionRequest
-from proxy.api.streaming import StreamOptions, open_streams, replayed_events, sse_events
+from proxy.api.streaming import StreamOptions
 from proxy.app_state import AppState
 from proxy.chat.constraints import response_format_constraint, tool_choice_constraint
-from proxy.chat.streaming import StreamedMessage
 from proxy.engines.base import SamplingParams
-from proxy.errors import InvalidRequest, UnsupportedParameter
-from proxy.store.repository import Repository
+from proxy.errors import UnsupportedParameter
 from proxy.turns import TurnRequest, TurnResult
 
 router = APIRouter(prefix="/v1", tags=["openai"])
@@ -140,15 +138,6 @@ def _completion_body(
     }
 
 
-async def _held_stream(
-    events: AsyncIterator[bytes], exit_stack: contextlib.AsyncExitStack
-) -> AsyncIterator[bytes]:
-    """The events, with the retry lock held until the last one is sent."""
-    async with exit_stack:
-        async for event in events:
-            yield event
-
-
 @router.post("/chat/completions", response_model=None)
 async def chat_completions(
     body: ChatCompletionRequest,
@@ -160,7 +149,6 @@ async def chat_completions(
     session_id, _ = session
     body.check_supported()
     identity = RetryIdentity.from_request(dict(http_request.headers), await http_request.body())
-    request = _turn_request(body, state, identity)
     top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
     options = StreamOptions(
         model=body.model,
@@ -168,53 +156,16 @@ async def chat_completions(
         keepalive_s=state.settings.stream_keepalive_s,
         top_logprobs=top_logprobs,
     )
-    headers = {"X-Session-Id": session_id}
-    exit_stack = contextlib.AsyncExitStack()
-    await exit_stack.enter_async_context(state.retries.hold(session_id, identity))
-    try:
-        async with state.db_sessions() as db:
-            recorded = await recorded_answer(Repository(db), session_id, identity)
-        if recorded is not None:
-            results = replayed_results(recorded)
-            if len(results) != request.choices:
-                raise InvalidRequest("the recorded answer of this retry has a different number of choices")
-            headers["X-Tito-Replayed"] = "true"
-            if body.stream:
-                parser = (
-                    state.turns.parser
-                    if request.parse_tools
-                    else replace(state.turns.parser, tool_calls=False)
-                )
-                events = replayed_events(results, options, state.pieces, lambda: StreamedMessage(parser))
-                await exit_stack.aclose()
-                return event_response(events, headers)
-            await exit_stack.aclose()
-            response.headers.update(headers)
-            return _completion_body(results, body.model, state, top_logprobs)
-        if body.stream:
-            turn = await state.turns.prepare(session_id, request)
-            streams = await open_streams(state.engine, turn, request.choices)
-            events = sse_events(
-                turns=state.turns,
-                engine=state.engine,
-                turn=turn,
-                streams=streams,
-                options=options,
-                pieces=state.pieces,
-            )
-            return event_response(_held_stream(events, exit_stack), headers)
-        results = await state.turns.run(session_id, request)
-    except BaseException:
-        await exit_stack.aclose()
-        raise
-    await exit_stack.aclose()
-    response.headers.update(headers)
-    return _completion_body(results, body.model, state, top_logprobs)
-
-
-def event_response(events: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:
-    return StreamingResponse(
-        events, media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"}
+    return await answer(
+        state,
+        session_id,
+        _turn_request(body, state, identity),
+        identity,
+        stream=bool(body.stream),
+        options=options,
+        text_completion=False,
+        body_of=lambda results: _completion_body(results, body.model, state, top_logprobs),
+        response=response,
     )
 
 

@@ -21,6 +21,7 @@ import anyio
 import orjson
 
 from proxy.api.logprobs import answered_positions, chat_logprobs, completion_logprobs
+from proxy.chat.parsing import OutputParser
 from proxy.chat.streaming import StreamedMessage
 from proxy.chat.token_pieces import TokenPieces
 from proxy.engines.base import Engine, FinishReason, Generation, StreamChunk, TopLogprobs
@@ -98,6 +99,12 @@ class TextChunkWriter(ChunkWriter):
             return b""
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return sse({**self.base, "choices": [choice]})
+
+
+def _writer(completion_id: str, model: str, *, text_completion: bool) -> ChunkWriter:
+    if text_completion:
+        return TextChunkWriter(f"cmpl-{completion_id}", model)
+    return ChunkWriter(f"chatcmpl-{completion_id}", model)
 
 
 class _Logprobs:
@@ -283,11 +290,7 @@ async def sse_events(
     text_completion: bool = False,
 ) -> AsyncIterator[bytes]:
     """The whole event stream of one request: every choice, usage, then [DONE]."""
-    writer = (
-        TextChunkWriter(f"cmpl-{streams[0][0]}", options.model)
-        if text_completion
-        else ChunkWriter(f"chatcmpl-{streams[0][0]}", options.model)
-    )
+    writer = _writer(streams[0][0], options.model, text_completion=text_completion)
     results: list[TurnResult] = []
     choices = [
         _choice_events(
@@ -317,15 +320,19 @@ async def replayed_events(
     results: Sequence[TurnResult],
     options: StreamOptions,
     pieces: TokenPieces,
-    parser_view: Callable[[], StreamedMessage],
+    parser: OutputParser,
+    *,
+    text_completion: bool = False,
 ) -> AsyncIterator[bytes]:
     """A recorded answer streamed again (an idempotent retry): whole deltas, then finish and usage."""
-    writer = ChunkWriter(f"chatcmpl-{results[0].call_id}", options.model)
+    writer = _writer(str(results[0].call_id), options.model, text_completion=text_completion)
     for result in results:
         index = result.choice_index
         generation = result.generation
-        yield writer.delta({"role": "assistant", "content": ""}, index=index)
-        text_delta, call_deltas = parser_view().finish(result.output)
+        role = writer.delta({"role": "assistant", "content": ""}, index=index)
+        if role:
+            yield role
+        text_delta, call_deltas = StreamedMessage(parser).finish(result.output)
         upto = answered_positions(generation.output_ids, generation.finish.matched_token)
         logprobs = _Logprobs(pieces, options.top_logprobs, writer).take(
             generation.output_ids, generation.logprobs, generation.top_logprobs, upto

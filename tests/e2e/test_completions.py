@@ -104,3 +104,24 @@ def test_bad_completion_requests_are_400(
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
     assert not engine.requests
+
+
+def test_completion_retries_are_answered_from_the_record(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    _script(engine, qwen_tokenizer, " once")
+    url = f"{proxy_url}/sessions/retry/v1/completions"
+    body = {"model": "m", "prompt": "Say it:", "max_tokens": 8}
+    first = httpx.post(url, json=body, headers={"Idempotency-Key": "c1"}, timeout=30)
+    again = httpx.post(url, json=body, headers={"Idempotency-Key": "c1"}, timeout=30)
+    assert again.headers["X-Tito-Replayed"] == "true"
+    assert again.json()["choices"] == first.json()["choices"]
+    streamed = httpx.post(url, json={**body, "stream": True}, headers={"Idempotency-Key": "c2"}, timeout=30)
+    replayed = httpx.post(url, json={**body, "stream": True}, headers={"Idempotency-Key": "c2"}, timeout=30)
+    assert len(engine.requests) == 2
+
+    def text(response: httpx.Response) -> str:
+        events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+        return "".join(choice["text"] for event in events for choice in event["choices"])
+
+    assert text(replayed) == text(streamed) == "ok"

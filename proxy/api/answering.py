@@ -1,0 +1,83 @@
+"""One request answered: from the record when it retries one already answered, else sampled, plain
+or streamed. Shared by chat and text completions."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from fastapi import Response
+from fastapi.responses import StreamingResponse
+
+from proxy.api.retries import RetryIdentity, recorded_answer, replayed_results
+from proxy.api.streaming import StreamOptions, open_streams, replayed_events, sse_events
+from proxy.app_state import AppState
+from proxy.errors import InvalidRequest
+from proxy.store.repository import Repository
+from proxy.turns import TurnRequest, TurnResult
+
+
+def event_response(events: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"}
+    )
+
+
+async def _held(events: AsyncIterator[bytes], exit_stack: contextlib.AsyncExitStack) -> AsyncIterator[bytes]:
+    """The events, with the retry lock held until the last one is sent."""
+    async with exit_stack:
+        async for event in events:
+            yield event
+
+
+async def answer(
+    state: AppState,
+    session_id: str,
+    request: TurnRequest,
+    identity: RetryIdentity | None,
+    *,
+    stream: bool,
+    options: StreamOptions,
+    text_completion: bool,
+    body_of: Callable[[Sequence[TurnResult]], dict[str, Any]],
+    response: Response,
+) -> dict[str, Any] | StreamingResponse:
+    headers = {"X-Session-Id": session_id}
+    exit_stack = contextlib.AsyncExitStack()
+    await exit_stack.enter_async_context(state.retries.hold(session_id, identity))
+    try:
+        async with state.db_sessions() as db:
+            recorded = await recorded_answer(Repository(db), session_id, identity)
+        if recorded is not None:
+            results = replayed_results(recorded)
+            if len(results) != request.choices:
+                raise InvalidRequest("the recorded answer of this retry has a different number of choices")
+            headers["X-Tito-Replayed"] = "true"
+            if stream:
+                parser = state.turns.parser_for(request)
+                return event_response(
+                    replayed_events(results, options, state.pieces, parser, text_completion=text_completion),
+                    headers,
+                )
+        elif stream:
+            turn = await state.turns.prepare(session_id, request)
+            streams = await open_streams(state.engine, turn, request.choices)
+            events = sse_events(
+                turns=state.turns,
+                engine=state.engine,
+                turn=turn,
+                streams=streams,
+                options=options,
+                pieces=state.pieces,
+                text_completion=text_completion,
+            )
+            # The lock now belongs to the stream: a retry waits until this answer is recorded.
+            held = _held(events, exit_stack.pop_all())
+            return event_response(held, headers)
+        else:
+            results = await state.turns.run(session_id, request)
+    finally:
+        await exit_stack.aclose()
+    response.headers.update(headers)
+    return body_of(results)
