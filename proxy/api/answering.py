@@ -47,8 +47,10 @@ async def answer(
     exit_stack = contextlib.AsyncExitStack()
     await exit_stack.enter_async_context(state.retries.hold(session_id, identity))
     try:
-        async with state.db_sessions() as db:
-            recorded = await recorded_answer(Repository(db), session_id, identity)
+        recorded = None
+        if identity is not None:
+            async with state.db_sessions() as db:
+                recorded = await recorded_answer(Repository(db), session_id, identity)
         if recorded is not None:
             results = replayed_results(recorded)
             if len(results) != request.choices:

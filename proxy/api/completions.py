@@ -15,7 +15,7 @@ from fastapi.responses import StreamingResponse
 
 from proxy.api.answering import answer
 from proxy.api.deps import SessionIdDep, StateDep
-from proxy.api.logprobs import answered_positions, completion_logprobs
+from proxy.api.logprobs import answered_logprobs, completion_logprobs
 from proxy.api.openai import sampling_params
 from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import CompletionRequest
@@ -39,8 +39,6 @@ def _body(
 ) -> dict[str, Any]:
     choices = []
     for result in results:
-        generation = result.generation
-        upto = answered_positions(generation.output_ids, generation.finish.matched_token)
         choice: dict[str, Any] = {
             "index": result.choice_index,
             "text": result.output.content or "",
@@ -48,16 +46,11 @@ def _body(
             "finish_reason": result.finish_reason,
         }
         if body.logprobs is not None:
-            top = generation.top_logprobs
-            choice["logprobs"] = completion_logprobs(
-                state.pieces,
-                generation.output_ids[:upto],
-                generation.logprobs[:upto],
-                top[:upto] if top is not None else None,
-                body.logprobs,
+            choice["logprobs"] = answered_logprobs(
+                completion_logprobs, state.pieces, result.generation, body.logprobs
             )
         if body.return_token_ids:
-            choice["token_ids"] = generation.output_ids
+            choice["token_ids"] = result.generation.output_ids
         choices.append(choice)
     completion_tokens = sum(r.completion_tokens for r in results)
     answer: dict[str, Any] = {
@@ -100,11 +93,8 @@ async def completions(
         idempotency_key=identity.idempotency_key if identity else None,
         request_hash=identity.request_hash if identity else None,
     )
-    options = StreamOptions(
-        model=body.model,
-        include_usage=bool((body.stream_options or {}).get("include_usage")),
-        keepalive_s=state.settings.stream_keepalive_s,
-        top_logprobs=body.logprobs,
+    options = StreamOptions.of(
+        body, keepalive_s=state.settings.stream_keepalive_s, top_logprobs=body.logprobs
     )
     return await answer(
         state,

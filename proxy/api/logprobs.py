@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy.chat.token_pieces import TokenPieces
-from proxy.engines.base import TopLogprobs
+from proxy.engines.base import Generation, TopLogprobs
+
+# chat_logprobs or completion_logprobs: (pieces, ids, logprobs, alternatives, how many) -> JSON.
+LogprobsShape = Callable[
+    [TokenPieces, Sequence[int], Sequence[float], Sequence[TopLogprobs] | None, int], dict[str, Any]
+]
 
 
 def answered_positions(output_ids: Sequence[int], matched_token: int | None) -> int:
@@ -64,3 +69,18 @@ def completion_logprobs(
         else None,
         "text_offset": offsets,
     }
+
+
+def answered_logprobs(
+    shape: LogprobsShape, pieces: TokenPieces, generation: Generation, top_count: int
+) -> dict[str, Any]:
+    """`shape` over the tokens an answer covers: all sampled ones but a stop token that ended it."""
+    upto = answered_positions(generation.output_ids, generation.finish.matched_token)
+    top = generation.top_logprobs
+    return shape(
+        pieces,
+        generation.output_ids[:upto],
+        generation.logprobs[:upto],
+        top[:upto] if top is not None else None,
+        top_count,
+    )

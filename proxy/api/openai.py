@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from proxy.api.answering import answer
 from proxy.api.deps import SessionIdDep, StateDep
-from proxy.api.logprobs import answered_positions, chat_logprobs
+from proxy.api.logprobs import answered_logprobs, chat_logprobs
 from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import ChatCompletionRequest
 from proxy.api.streaming import StreamOptions
@@ -105,16 +105,7 @@ def _completion_body(
             message["tool_calls"] = result.output.tool_calls
         logprobs = None
         if top_logprobs is not None:
-            generation = result.generation
-            upto = answered_positions(generation.output_ids, generation.finish.matched_token)
-            top = generation.top_logprobs
-            logprobs = chat_logprobs(
-                state.pieces,
-                generation.output_ids[:upto],
-                generation.logprobs[:upto],
-                top[:upto] if top is not None else None,
-                top_logprobs,
-            )
+            logprobs = answered_logprobs(chat_logprobs, state.pieces, result.generation, top_logprobs)
         choices.append(
             {
                 "index": result.choice_index,
@@ -150,12 +141,7 @@ async def chat_completions(
     body.check_supported()
     identity = RetryIdentity.from_request(dict(http_request.headers), await http_request.body())
     top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    options = StreamOptions(
-        model=body.model,
-        include_usage=bool((body.stream_options or {}).get("include_usage")),
-        keepalive_s=state.settings.stream_keepalive_s,
-        top_logprobs=top_logprobs,
-    )
+    options = StreamOptions.of(body, keepalive_s=state.settings.stream_keepalive_s, top_logprobs=top_logprobs)
     return await answer(
         state,
         session_id,

@@ -91,12 +91,8 @@ class RetryGuard:
                 del self._locks[name]
 
 
-async def recorded_answer(
-    repo: Repository, session_id: str, identity: RetryIdentity | None
-) -> list[CallRow] | None:
+async def recorded_answer(repo: Repository, session_id: str, identity: RetryIdentity) -> list[CallRow] | None:
     """The calls that answered an earlier attempt of this request, choices in order; None if none."""
-    if identity is None:
-        return None
     if identity.idempotency_key is not None:
         rows = await repo.answered_calls(session_id, idempotency_key=identity.idempotency_key)
         if rows and any(row.request_hash != identity.request_hash for row in rows):

@@ -21,6 +21,7 @@ import anyio
 import orjson
 
 from proxy.api.logprobs import answered_positions, chat_logprobs, completion_logprobs
+from proxy.api.schemas import SamplingRequest
 from proxy.chat.parsing import OutputParser
 from proxy.chat.streaming import StreamedMessage
 from proxy.chat.token_pieces import TokenPieces
@@ -44,6 +45,15 @@ class StreamOptions:
     include_usage: bool
     keepalive_s: float
     top_logprobs: int | None  # None: no logprobs requested
+
+    @classmethod
+    def of(cls, body: SamplingRequest, *, keepalive_s: float, top_logprobs: int | None) -> StreamOptions:
+        return cls(
+            model=body.model,
+            include_usage=bool((body.stream_options or {}).get("include_usage")),
+            keepalive_s=keepalive_s,
+            top_logprobs=top_logprobs,
+        )
 
 
 class ChunkWriter:
