@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.api.deps import StateDep
+from proxy.api.schemas import MAX_DB_INTEGER, RowId
 from proxy.app_state import AppState
 from proxy.errors import InvalidRequest
 from proxy.export.formats import jsonl, parquet_stream, require_pyarrow
@@ -24,7 +25,7 @@ class AckBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     consumer: str = Field(min_length=1, max_length=128)
     session_ids: list[str] | None = None
-    cursor: int | None = Field(default=None, ge=0)
+    cursor: RowId | None = None
 
 
 async def export_pages(
@@ -58,7 +59,7 @@ async def export(
     mode: Literal["merged", "stepwise"] = "merged",
     format: Literal["jsonl", "parquet"] = "jsonl",
     status: Literal["finished"] = "finished",
-    after: int = Query(default=0, ge=0),
+    after: int = Query(default=0, ge=0, le=MAX_DB_INTEGER),
     consumer: str | None = Query(default=None, min_length=1, max_length=128),
 ) -> StreamingResponse:
     """Finished sessions after cursor `after`; with `consumer`, only those it has not acked."""

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from proxy.errors import InvalidRequest, UnsupportedParameter
+
+# Ids and cursors a database integer can hold (SQLite INTEGER, PostgreSQL BIGINT): a larger one is a
+# 400, not an overflow inside the query.
+MAX_DB_INTEGER = 2**63 - 1
+RowId = Annotated[int, Field(ge=0, le=MAX_DB_INTEGER)]
 
 # Each choice is its own engine request and branch; more than this is a batch job, not a turn.
 MAX_CHOICES = 64

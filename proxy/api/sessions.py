@@ -11,6 +11,7 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.api.deps import StateDep, check_session_id
+from proxy.api.schemas import RowId
 from proxy.errors import Conflict, InvalidRequest, NotFound
 from proxy.export.trajectory import build_trajectories
 from proxy.store.models import SessionRow
@@ -28,7 +29,7 @@ class NewSession(BaseModel):
 class RewardBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     reward: float | None = None
-    call_rewards: dict[int, float] | None = None
+    call_rewards: dict[RowId, float] | None = None
 
 
 def session_json(session: SessionRow) -> dict[str, Any]:

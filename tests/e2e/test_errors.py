@@ -152,3 +152,18 @@ def test_engine_500_and_malformed_answers_are_502(start_proxy: ProxyFactory) -> 
         for _ in range(3):
             error = _error(_post(url, {"model": "m", "messages": USER}), 502)
             assert error["type"] == "engine_error"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/export?after=9223372036854775808", None),
+        ("POST", "/export/ack", {"consumer": "c", "cursor": 2**63}),
+        ("POST", "/sessions/s/reward", {"call_rewards": {str(2**63): 1.0}}),
+    ],
+)
+def test_integers_beyond_the_database_range_are_400(
+    proxy_url: str, method: str, path: str, body: Any
+) -> None:
+    httpx.post(f"{proxy_url}/sessions", json={"id": "s"})
+    _error(httpx.request(method, proxy_url + path, json=body), 400)
