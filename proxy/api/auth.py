@@ -35,7 +35,7 @@ def _state(request: Request) -> AppState:
     return state
 
 
-def require_harness_key(request: Request) -> None:
+async def require_harness_key(request: Request) -> None:
     settings = _state(request).settings
     if settings.api_key is None:
         return
@@ -44,7 +44,7 @@ def require_harness_key(request: Request) -> None:
         raise Unauthorized("Incorrect API key provided; send it as Authorization: Bearer <key>")
 
 
-def require_admin_key(request: Request) -> None:
+async def require_admin_key(request: Request) -> None:
     settings = _state(request).settings
     key = settings.admin_key or settings.api_key
     if key is None:

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
 
 from proxy.api.answering import answer
 from proxy.api.deps import SessionIdDep, StateDep
+from proxy.api.json_route import OrjsonRoute
 from proxy.api.logprobs import answered_logprobs, completion_logprobs
 from proxy.api.openai import sampling_params
 from proxy.api.retries import RetryIdentity
@@ -23,7 +23,7 @@ from proxy.api.streaming import StreamOptions
 from proxy.app_state import AppState
 from proxy.turns import TurnRequest, TurnResult
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=OrjsonRoute)
 
 
 def _prompt_ids(body: CompletionRequest, state: AppState) -> list[int]:
@@ -72,8 +72,8 @@ def _body(
 
 @router.post("/completions", response_model=None)
 async def completions(
-    body: CompletionRequest, state: StateDep, session: SessionIdDep, response: Response, http_request: Request
-) -> dict[str, Any] | StreamingResponse:
+    body: CompletionRequest, state: StateDep, session: SessionIdDep, http_request: Request
+) -> Response:
     session_id, _ = session
     body.check_supported()
     prompt_ids = _prompt_ids(body, state)
@@ -105,5 +105,4 @@ async def completions(
         options=options,
         text_completion=True,
         body_of=lambda results: _body(results, body, state, prompt_ids),
-        response=response,
     )

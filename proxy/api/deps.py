@@ -14,7 +14,8 @@ from proxy.errors import InvalidRequest
 _SESSION_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 
 
-def get_state(request: Request) -> AppState:
+# Dependencies are coroutines: FastAPI runs a plain function in its thread pool, a hop per request.
+async def get_state(request: Request) -> AppState:
     state: AppState = request.app.state.proxy
     return state
 
@@ -30,7 +31,7 @@ def check_session_id(session_id: str) -> str:
     return session_id
 
 
-def resolve_session_id(
+async def resolve_session_id(
     request: Request, x_session_id: Annotated[str | None, Header()] = None
 ) -> tuple[str, bool]:
     """The session from the path, else the X-Session-Id header, else a new one (created=True)."""

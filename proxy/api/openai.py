@@ -8,10 +8,10 @@ from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
 
 from proxy.api.answering import answer
 from proxy.api.deps import SessionIdDep, StateDep
+from proxy.api.json_route import OrjsonRoute
 from proxy.api.logprobs import answered_logprobs, chat_logprobs
 from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import ChatCompletionRequest
@@ -22,7 +22,7 @@ from proxy.engines.base import SamplingParams
 from proxy.errors import UnsupportedParameter
 from proxy.turns import TurnRequest, TurnResult
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=OrjsonRoute)
 
 
 def sampling_params(
@@ -134,9 +134,8 @@ async def chat_completions(
     body: ChatCompletionRequest,
     state: StateDep,
     session: SessionIdDep,
-    response: Response,
     http_request: Request,
-) -> dict[str, Any] | StreamingResponse:
+) -> Response:
     session_id, _ = session
     body.check_supported()
     identity = RetryIdentity.from_request(dict(http_request.headers), await http_request.body())
@@ -151,7 +150,6 @@ async def chat_completions(
         options=options,
         text_completion=False,
         body_of=lambda results: _completion_body(results, body.model, state, top_logprobs),
-        response=response,
     )
 
 
