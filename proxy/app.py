@@ -24,6 +24,7 @@ from proxy.engines.base import Engine
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.store.database import create_engine, session_factory, upgrade_to_head
 from proxy.store.repository import Repository, utcnow
+from proxy.store.turn_store import open_turn_store
 from proxy.turns import TurnRunner
 
 log = logging.getLogger("tito_proxy")
@@ -66,6 +67,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             inference.name,
         )
         db_sessions = session_factory(db_engine)
+        turn_store = open_turn_store(settings.db, db_engine)
         app.state.proxy = AppState(
             settings=settings,
             engine=inference,
@@ -75,7 +77,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             turns=TurnRunner(
                 renderer=renderer,
                 engine=inference,
-                sessions=db_sessions,
+                store=turn_store,
                 context_length=context_length,
                 parser=build_parser(
                     settings.tool_parser, renderer.files.chat_template, renderer.special_texts
@@ -94,6 +96,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             yield
         finally:
             sweeper.cancel()
+            await turn_store.close()
             await inference.aclose()
             await db_engine.dispose()
 

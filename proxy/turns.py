@@ -17,8 +17,6 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy.ext.asyncio import AsyncSession as DbSession
-from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from proxy.chat.messages import Message, history_key, reasoning_consistent
 from proxy.chat.parsing import OutputParser, ParsedOutput, build_parser
@@ -26,9 +24,8 @@ from proxy.chat.renderer import DeltaUnavailable, Renderer
 from proxy.engines.base import Engine, FinishReason, Generation, SamplingParams
 from proxy.errors import Conflict, ContextLengthExceeded, EngineError, InvalidRequest
 from proxy.store.codec import IdArray, pack_ids, pack_logprobs
-from proxy.store.models import CallRow
 from proxy.store.prompts import ContextCache, Recorded, rebuild
-from proxy.store.repository import NewCall, Repository
+from proxy.store.turn_store import ContinuedCall, NewCall, TurnStore, TurnWrite
 
 log = logging.getLogger("tito_proxy.turns")
 
@@ -59,7 +56,7 @@ class TurnRequest:
 class PromptPlan:
     prompt: IdArray
     added: IdArray
-    parent: CallRow | None
+    parent: ContinuedCall | None
     boundary_edits: list[dict[str, Any]]
     history: list[Message] = field(default_factory=list)  # the parent's recorded conversation
     appended: list[Message] = field(default_factory=list)
@@ -108,7 +105,7 @@ class TurnRunner:
         *,
         renderer: Renderer,
         engine: Engine,
-        sessions: async_sessionmaker[DbSession],
+        store: TurnStore,
         context_length: int | None,
         parser: OutputParser | None = None,
         history_mode: str = "exact",
@@ -117,7 +114,7 @@ class TurnRunner:
     ) -> None:
         self.renderer = renderer
         self.engine = engine
-        self.sessions = sessions
+        self.store = store
         self.context_length = context_length
         self.history_mode = history_mode
         # Set by the trainer (POST /admin/weight_version); used when the engine reports no version.
@@ -129,18 +126,16 @@ class TurnRunner:
     async def prepare(self, session_id: str, request: TurnRequest) -> PreparedTurn:
         """Everything before the engine call: the session, the prompt ids, bounded sampling."""
         started = self._clock()
-        async with self.sessions() as db:
-            repo = Repository(db)
-            session = await repo.get_session(session_id)
-            if session is not None and session.status == "finished":
-                raise Conflict(f"session {session_id!r} is finished; start a new one", param="session_id")
-            # A new session pins the date it is first rendered with; it is created with its first call.
-            template_now = session.template_now if session is not None else datetime.now()
-            if request.prompt_ids is not None:
-                plan = await self._plan_tokens(repo, session_id, request.prompt_ids)
-            else:
-                parent, appended = await self._find_parent(repo, session_id, request)
-                plan = await self._plan(repo, request, parent, appended, template_now)
+        session = await self.store.session_state(session_id)
+        if session is not None and session.status == "finished":
+            raise Conflict(f"session {session_id!r} is finished; start a new one", param="session_id")
+        # A new session pins the date it is first rendered with; it is created with its first call.
+        template_now = session.template_now if session is not None else datetime.now()
+        if request.prompt_ids is not None:
+            plan = await self._plan_tokens(session_id, request.prompt_ids)
+        else:
+            parent, appended = await self._find_parent(session_id, request)
+            plan = await self._plan(request, parent, appended, template_now)
         params = self._bounded_sampling(request, len(plan.prompt))
         if len(plan.added) and (
             int(plan.added.max()) >= self.renderer.vocab_size or int(plan.added.min()) < 0
@@ -166,7 +161,7 @@ class TurnRunner:
             return replace(self.parser, parse_reasoning=False, tool_calls=False)  # raw text
         return self.parser if request.parse_tools else replace(self.parser, tool_calls=False)
 
-    async def _plan_tokens(self, repo: Repository, session_id: str, prompt_ids: list[int]) -> PromptPlan:
+    async def _plan_tokens(self, session_id: str, prompt_ids: list[int]) -> PromptPlan:
         """A token prompt continues the newest recorded call whose prompt + output it starts with."""
         if not prompt_ids:
             raise InvalidRequest("the prompt is empty", param="prompt")
@@ -174,8 +169,8 @@ class TurnRunner:
         if any(not 0 <= token < vocab for token in prompt_ids):
             raise InvalidRequest("the prompt holds a token id outside the vocabulary", param="prompt")
         ids = np.asarray(prompt_ids, dtype=np.int32)
-        for candidate in await repo.latest_answered(session_id, limit=8):
-            recorded = await self._recorded(repo, candidate)
+        for candidate in await self.store.latest_answered(session_id, limit=8):
+            recorded = await self._recorded(candidate)
             size = len(recorded.ids)
             if size <= len(ids) and np.array_equal(recorded.ids, ids[:size]):
                 return PromptPlan(
@@ -190,9 +185,8 @@ class TurnRunner:
     async def run(self, session_id: str, request: TurnRequest) -> list[TurnResult]:
         """Sample every choice, then commit them together: all are recorded, or none."""
         turn = await self.prepare(session_id, request)
-        prompt = turn.plan.prompt.tolist()
         generations = await asyncio.gather(
-            *(self.engine.generate(prompt, turn.params) for _ in range(request.choices))
+            *(self.engine.generate(turn.plan.prompt, turn.params) for _ in range(request.choices))
         )
         results = await self.record_choices(turn, list(enumerate(generations)))
         for generation in generations:
@@ -223,14 +217,15 @@ class TurnRunner:
             for index, generation in generations
         ]
         done = self._clock()
-        async with self.sessions() as db, db.begin():
-            repo = Repository(db)
-            await repo.get_or_create_session(turn.session_id, template_now=turn.template_now)
-            rows = [
-                await repo.add_call(_with_timings(call, turn.started, turn.rendered, generated, done))
-                for call, _ in built
-            ]
-            call_ids = [row.id for row in rows]
+        call_ids = await self.store.record(
+            TurnWrite(
+                session_id=turn.session_id,
+                template_now=turn.template_now,
+                calls=[
+                    _with_timings(call, turn.started, turn.rendered, generated, done) for call, _ in built
+                ],
+            )
+        )
         results = []
         for call_id, (call, output), (index, generation) in zip(call_ids, built, generations, strict=True):
             if call.status == "ok":
@@ -323,8 +318,8 @@ class TurnRunner:
         return tail.rstrip("\n").endswith("<think>")
 
     async def _find_parent(
-        self, repo: Repository, session_id: str, request: TurnRequest
-    ) -> tuple[CallRow | None, list[Message]]:
+        self, session_id: str, request: TurnRequest
+    ) -> tuple[ContinuedCall | None, list[Message]]:
         """The recorded call whose conversation the request extends, and the messages appended to it."""
         messages = request.messages
         last_assistant = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
@@ -332,33 +327,32 @@ class TurnRunner:
             return None, []
         echoed = messages[: last_assistant + 1]
         key = history_key(echoed, request.tools, request.template_kwargs)
-        for candidate in await repo.calls_with_history(session_id, key):
-            recorded = (await self._recorded(repo, candidate)).conversation
+        for candidate in await self.store.calls_with_history(session_id, key):
+            recorded = (await self._recorded(candidate)).conversation
             if len(recorded) == len(echoed) and all(
                 reasoning_consistent(e, r) for e, r in zip(echoed, recorded, strict=True)
             ):
                 return candidate, messages[last_assistant + 1 :]
         return None, []
 
-    async def _recorded(self, repo: Repository, call: CallRow) -> Recorded:
+    async def _recorded(self, call: ContinuedCall) -> Recorded:
         found = self.contexts.get(call.id)
         if found is None:
-            found = rebuild(await repo.segment_rows(call.segment_id), call.id)
+            found = rebuild(await self.store.segment_rows(call.segment_id), call.id)
             self.contexts.put(call.id, found)
         return found
 
     async def _plan(
         self,
-        repo: Repository,
         request: TurnRequest,
-        parent: CallRow | None,
+        parent: ContinuedCall | None,
         appended: Sequence[Message],
         template_now: datetime,
     ) -> PromptPlan:
         continued: PromptPlan | None = None
         if parent is not None:
             try:
-                continued = await self._continue(repo, request, parent, appended, template_now)
+                continued = await self._continue(request, parent, appended, template_now)
             except DeltaUnavailable as exc:
                 log.info("session %s: new segment: %s", parent.session_id, exc)
         if continued is not None and self.history_mode == "exact":
@@ -378,9 +372,8 @@ class TurnRunner:
 
     async def _continue(
         self,
-        repo: Repository,
         request: TurnRequest,
-        parent: CallRow,
+        parent: ContinuedCall,
         appended: Sequence[Message],
         template_now: datetime,
     ) -> PromptPlan:
@@ -395,7 +388,7 @@ class TurnRunner:
             template_kwargs=request.template_kwargs,
             now=template_now,
         )
-        recorded = await self._recorded(repo, parent)
+        recorded = await self._recorded(parent)
         context = recorded.ids
         edits: list[dict[str, Any]] = []
         added: list[int] = []

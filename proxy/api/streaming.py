@@ -248,9 +248,7 @@ async def open_streams(
     try:
         for _ in range(count):
             request_id = uuid.uuid4().hex  # fixed length: SGLang aborts by rid prefix
-            streams.append(
-                (request_id, await engine.stream(turn.plan.prompt.tolist(), turn.params, request_id))
-            )
+            streams.append((request_id, await engine.stream(turn.plan.prompt, turn.params, request_id)))
     except BaseException:
         with anyio.CancelScope(shield=True):
             for request_id, chunks in streams:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
 
 FinishKind = Literal["stop", "length", "abort"]
 # SGLang's structured generation: at most one grammar per request (a sampling_params key).
 ConstraintKind = Literal["json_schema", "ebnf", "regex", "structural_tag"]
 # Alternatives at one output position, best first: (token id, logprob).
 TopLogprobs = list[tuple[int, float]]
+# A prompt as the proxy holds it (an int32 array, sent without a Python list in between) or a list.
+PromptIds = Sequence[int] | npt.NDArray[np.int32]
 
 
 @dataclass(frozen=True)
@@ -114,10 +119,10 @@ class Engine(Protocol):
     # Whether SamplingParams.constraint (grammar-constrained sampling) is honoured.
     supports_constraints: bool
 
-    async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation: ...
+    async def generate(self, input_ids: PromptIds, params: SamplingParams) -> Generation: ...
 
     async def stream(
-        self, input_ids: list[int], params: SamplingParams, request_id: str
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str
     ) -> AsyncIterator[StreamChunk]:
         """Sample incrementally. Raises EngineError subclasses before the first chunk if refused."""
         ...

@@ -16,6 +16,7 @@ from proxy.engines.base import (
     EngineInfo,
     FinishReason,
     Generation,
+    PromptIds,
     SamplingParams,
     StreamChunk,
     TopLogprobs,
@@ -52,7 +53,8 @@ class LocalEngine:
         self._weight_version = weight_version
         self._lock = threading.Lock()
 
-    async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+    async def generate(self, prompt: PromptIds, params: SamplingParams) -> Generation:
+        input_ids = [int(token) for token in prompt]
         if not input_ids:
             raise InvalidRequest("empty prompt")
         if max(input_ids) >= self._vocab_size or min(input_ids) < 0:
@@ -172,7 +174,7 @@ class LocalEngine:
         return tokenizer
 
     async def stream(
-        self, input_ids: list[int], params: SamplingParams, request_id: str
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str
     ) -> AsyncIterator[StreamChunk]:
         # The CPU engine samples the whole turn, then hands it over as one chunk.
         generation = await self.generate(input_ids, params)

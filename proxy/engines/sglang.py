@@ -14,6 +14,7 @@ from proxy.engines.base import (
     EngineInfo,
     FinishReason,
     Generation,
+    PromptIds,
     SamplingParams,
     StreamChunk,
     TopLogprobs,
@@ -66,8 +67,13 @@ def _top_logprobs(raw: Any, count: int) -> list[TopLogprobs]:
     return positions
 
 
+def _json(payload: dict[str, Any]) -> bytes:
+    # A 32k-token prompt array is written straight from numpy, without a Python list in between.
+    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
 def _request_payload(
-    input_ids: list[int], params: SamplingParams, rid: str, *, stream: bool
+    input_ids: PromptIds, params: SamplingParams, rid: str, *, stream: bool
 ) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "input_ids": input_ids,
@@ -141,14 +147,14 @@ class SGLangEngine:
     async def _post(self, path: str, payload: dict[str, Any]) -> httpx.Response:
         try:
             return await self._client.post(
-                path, content=orjson.dumps(payload), headers={"content-type": "application/json"}
+                path, content=_json(payload), headers={"content-type": "application/json"}
             )
         except httpx.TimeoutException as exc:
             raise EngineTimeout(f"the engine did not answer {path} in time") from exc
         except httpx.TransportError as exc:
             raise EngineUnavailable(f"cannot reach the engine at {self._client.base_url}: {exc}") from exc
 
-    async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+    async def generate(self, input_ids: PromptIds, params: SamplingParams) -> Generation:
         payload = _request_payload(input_ids, params, uuid.uuid4().hex, stream=False)
         response = await self._post("/generate", payload)
         if response.status_code == 400:
@@ -170,11 +176,11 @@ class SGLangEngine:
         return parse_generation(body, top_logprobs=params.top_logprobs > 0)
 
     async def stream(
-        self, input_ids: list[int], params: SamplingParams, request_id: str
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str
     ) -> AsyncIterator[StreamChunk]:
         payload = _request_payload(input_ids, params, request_id, stream=True)
         request = self._client.build_request(
-            "POST", "/generate", content=orjson.dumps(payload), headers={"content-type": "application/json"}
+            "POST", "/generate", content=_json(payload), headers={"content-type": "application/json"}
         )
         try:
             response = await self._client.send(request, stream=True)

@@ -54,7 +54,7 @@ async def upgrade_to_head(url: str) -> None:
     await asyncio.to_thread(upgrade_blocking, url)
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     # WAL: readers never block the writer. synchronous=FULL: a commit survives power loss, not only a
     # crash of the proxy, and a turn is committed before it is answered.
@@ -68,7 +68,7 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 def create_engine(url: str) -> AsyncEngine:
     engine = create_async_engine(async_url(url))
     if engine.dialect.name == "sqlite":
-        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        event.listen(engine.sync_engine, "connect", sqlite_pragmas)
     return engine
 
 

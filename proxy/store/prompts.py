@@ -11,12 +11,28 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from proxy.store.codec import IdArray, unpack_ids
-from proxy.store.models import CallRow
+
+
+class StoredCall(Protocol):
+    """What rebuilding reads of a recorded call: an ORM row, or the turn path's lighter copy."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def parent_id(self) -> int | None: ...
+    @property
+    def prompt_added(self) -> bytes: ...
+    @property
+    def output_ids(self) -> bytes: ...
+    @property
+    def request(self) -> dict[str, Any]: ...
+    @property
+    def response_message(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -27,14 +43,14 @@ class Recorded:
     conversation: list[dict[str, Any]]
 
 
-def call_messages(call: CallRow, parent_conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def call_messages(call: StoredCall, parent_conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The request messages of `call` as recorded: a root stores them all, a continuation its appends."""
     if call.parent_id is None or "messages_added" not in call.request:
         return list(call.request["messages"])  # calls recorded before 0.1.0's delta storage hold them all
     return [*parent_conversation, *call.request["messages_added"]]
 
 
-def chain_conversation(chain: Sequence[CallRow]) -> list[dict[str, Any]]:
+def chain_conversation(chain: Sequence[StoredCall]) -> list[dict[str, Any]]:
     """The recorded conversation of the last call of a root-to-leaf chain, its reply included."""
     conversation: list[dict[str, Any]] = []
     for call in chain:
@@ -67,10 +83,10 @@ class ContextCache:
             self._tokens -= len(old.ids)
 
 
-def rebuild(rows: Sequence[CallRow], call_id: int) -> Recorded:
+def rebuild(rows: Sequence[StoredCall], call_id: int) -> Recorded:
     """`call_id`'s context and conversation, from the stored deltas of its segment's calls."""
     by_id = {row.id: row for row in rows}
-    chain: list[CallRow] = []
+    chain: list[StoredCall] = []
     current: int | None = call_id
     while current is not None:
         row = by_id[current]

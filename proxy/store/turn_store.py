@@ -1,0 +1,323 @@
+"""The turn path's reads and writes: a few indexed reads before the engine call, one commit after it.
+
+On a SQLite file the statements run on a synchronous connection: an indexed read takes microseconds,
+far less than a hop through aiosqlite's thread and SQLAlchemy's async layer. Commits are grouped: one
+writer thread commits every turn waiting at that moment in one transaction (one fsync), then wakes
+their requests, so a turn is still durable before it is answered. Any other database (PostgreSQL)
+runs the same statements through the async engine.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import json
+import logging
+import queue
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+import orjson
+from sqlalchemy import Connection, Integer, Select, bindparam, create_engine, event, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from proxy.store.database import sqlite_pragmas
+from proxy.store.models import CallRow, SegmentRow, SessionRow
+from proxy.store.repository import utcnow
+
+log = logging.getLogger("tito_proxy.store")
+
+# Turns committed together at most: bounds one transaction's size when hundreds wait.
+MAX_GROUP = 256
+
+
+@dataclass(frozen=True)
+class NewCall:
+    """Everything recorded for one engine call."""
+
+    session_id: str
+    segment_id: int | None  # None: this call opens a new segment
+    parent_id: int | None
+    depth: int
+    status: str
+    history_key: str
+    prompt_len: int
+    prompt_added: bytes
+    output_ids: bytes
+    output_logprobs: bytes
+    finish_reason: str
+    finish_detail: dict[str, Any]
+    boundary_edits: list[Any]
+    request: dict[str, Any]
+    response_message: dict[str, Any]
+    sampling_params: dict[str, Any]
+    weight_version: str | None
+    engine_meta: dict[str, Any]
+    timings: dict[str, Any]
+    idempotency_key: str | None = None
+    request_hash: str | None = None
+
+
+@dataclass(frozen=True)
+class SessionState:
+    status: str
+    template_now: datetime
+
+
+@dataclass(frozen=True)
+class ContinuedCall:
+    """What continuing a recorded call needs of it."""
+
+    id: int
+    session_id: str
+    segment_id: int
+    depth: int
+    response_message: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SegmentCall:
+    """What rebuilding a call's context and conversation reads of each call of its segment."""
+
+    id: int
+    parent_id: int | None
+    prompt_added: bytes
+    output_ids: bytes
+    request: dict[str, Any]
+    response_message: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TurnWrite:
+    """The calls of one request, committed together (all choices, or none)."""
+
+    session_id: str
+    template_now: datetime  # for a session created by this write
+    calls: Sequence[NewCall]
+
+
+# A statement of the turn path (SQLAlchemy's Select is generic over its row's columns).
+Query = Select[*tuple[Any, ...]]
+
+# Built once with bound parameters: building and hashing a statement costs more than running it.
+_CONTINUED = select(
+    CallRow.id, CallRow.session_id, CallRow.segment_id, CallRow.depth, CallRow.response_message
+)
+_SESSION_STATE = select(SessionRow.status, SessionRow.template_now).where(
+    SessionRow.id == bindparam("session")
+)
+# Completed calls whose conversation (request + reply) has this key, newest first.
+_WITH_HISTORY = _CONTINUED.where(
+    CallRow.session_id == bindparam("session"),
+    CallRow.history_key == bindparam("key"),
+    CallRow.status == "ok",
+).order_by(CallRow.id.desc())
+_LATEST_ANSWERED = (
+    _CONTINUED.where(CallRow.session_id == bindparam("session"), CallRow.status == "ok")
+    .order_by(CallRow.id.desc())
+    .limit(bindparam("limit", type_=Integer))
+)
+_SEGMENT = (
+    select(
+        CallRow.id,
+        CallRow.parent_id,
+        CallRow.prompt_added,
+        CallRow.output_ids,
+        CallRow.request,
+        CallRow.response_message,
+    )
+    .where(CallRow.segment_id == bindparam("segment"))
+    .order_by(CallRow.id)
+)
+
+
+def write_turn(db: Connection, write: TurnWrite) -> list[int]:
+    """Insert one request's calls (and the session, on its first call); returns their ids."""
+    now = utcnow()
+    dialect = sqlite if db.dialect.name == "sqlite" else postgresql
+    # One statement creates the session on its first call and marks it active on every other.
+    db.execute(
+        dialect.insert(SessionRow)
+        .values(
+            id=write.session_id,
+            status="active",
+            created_at=now,
+            updated_at=now,
+            template_now=write.template_now,
+        )
+        .on_conflict_do_update(index_elements=[SessionRow.id], set_={"updated_at": now})
+    )
+    call_ids = []
+    for call in write.calls:
+        values = {f.name: getattr(call, f.name) for f in fields(NewCall)}
+        if call.segment_id is None:
+            opened = insert(SegmentRow).values(session_id=call.session_id, created_at=now)
+            values["segment_id"] = db.execute(opened.returning(SegmentRow.id)).scalar_one()
+        inserted = insert(CallRow).values(**values, created_at=now).returning(CallRow.id)
+        call_ids.append(db.execute(inserted).scalar_one())
+    return call_ids
+
+
+class TurnStore(abc.ABC):
+    """The reads of the turn path, given a way to run a query, and its commit."""
+
+    @abc.abstractmethod
+    async def _rows(self, query: Query, params: dict[str, Any]) -> Sequence[Any]: ...
+
+    @abc.abstractmethod
+    async def record(self, write: TurnWrite) -> list[int]:
+        """Commit the calls; returns only once they are durable."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    async def session_state(self, session_id: str) -> SessionState | None:
+        rows = await self._rows(_SESSION_STATE, {"session": session_id})
+        return SessionState(status=rows[0].status, template_now=rows[0].template_now) if rows else None
+
+    async def calls_with_history(self, session_id: str, history_key: str) -> list[ContinuedCall]:
+        rows = await self._rows(_WITH_HISTORY, {"session": session_id, "key": history_key})
+        return [ContinuedCall(*row) for row in rows]
+
+    async def latest_answered(self, session_id: str, limit: int) -> list[ContinuedCall]:
+        rows = await self._rows(_LATEST_ANSWERED, {"session": session_id, "limit": limit})
+        return [ContinuedCall(*row) for row in rows]
+
+    async def segment_rows(self, segment_id: int) -> list[SegmentCall]:
+        return [SegmentCall(*row) for row in await self._rows(_SEGMENT, {"segment": segment_id})]
+
+
+class AsyncTurnStore(TurnStore):
+    """The turn path on the async engine (PostgreSQL, in-memory SQLite)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def _rows(self, query: Query, params: dict[str, Any]) -> Sequence[Any]:
+        async with self._engine.connect() as db:
+            return (await db.execute(query, params)).all()
+
+    async def record(self, write: TurnWrite) -> list[int]:
+        async with self._engine.begin() as db:
+            return await db.run_sync(write_turn, write)
+
+    async def close(self) -> None:
+        return None
+
+
+@dataclass
+class _Pending:
+    write: TurnWrite
+    future: asyncio.Future[list[int]]
+    loop: asyncio.AbstractEventLoop
+
+
+def _settle(future: asyncio.Future[list[int]], call_ids: list[int], error: BaseException | None) -> None:
+    if future.done():  # the request was cancelled; its turn is recorded all the same
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(call_ids)
+
+
+def _json_text(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # what orjson refuses (an integer past 64 bits), the standard library writes
+        return json.dumps(value)
+
+
+class SqliteTurnStore(TurnStore):
+    """The turn path on a SQLite file: reads on the event loop, grouped commits on one writer thread."""
+
+    def __init__(self, url: str) -> None:
+        sync_url = make_url(url).set(drivername="sqlite")
+        self._engine = create_engine(
+            sync_url,
+            # One thread at a time uses each connection: the reader the loop, the writer its thread.
+            connect_args={"check_same_thread": False},
+            json_serializer=_json_text,
+            json_deserializer=orjson.loads,
+        )
+        event.listen(self._engine, "connect", sqlite_pragmas)
+        # Held open: a pool checkout costs more than the indexed read itself.
+        self._reader = self._engine.connect()
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write_loop, name="tito-turn-writer", daemon=True)
+        self._writer.start()
+
+    async def _rows(self, query: Query, params: dict[str, Any]) -> Sequence[Any]:
+        try:
+            rows: Sequence[Any] = self._reader.execute(query, params).all()
+        finally:
+            self._reader.rollback()  # no read transaction left open: WAL checkpoints must not wait
+        return rows
+
+    async def record(self, write: TurnWrite) -> list[int]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[int]] = loop.create_future()
+        self._queue.put(_Pending(write, future, loop))
+        # Shielded: a request cancelled while waiting must not cancel a commit under way.
+        return await asyncio.shield(future)
+
+    async def close(self) -> None:
+        self._queue.put(None)
+        await asyncio.to_thread(self._writer.join)
+        self._reader.close()
+        self._engine.dispose()
+
+    def _write_loop(self) -> None:
+        with self._engine.connect() as db:
+            while True:
+                first = self._queue.get()
+                if first is None:
+                    return
+                group = [first]
+                stopping = False
+                while len(group) < MAX_GROUP:
+                    try:
+                        waiting = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if waiting is None:
+                        stopping = True
+                        break
+                    group.append(waiting)
+                self._commit(db, group)
+                if stopping:
+                    return
+
+    def _commit(self, db: Connection, group: list[_Pending]) -> None:
+        try:
+            with db.begin():
+                results = [write_turn(db, pending.write) for pending in group]
+        except Exception as error:
+            if len(group) == 1:
+                self._deliver(group[0], [], error)
+                return
+            # One bad write must not fail the others: commit each on its own.
+            for pending in group:
+                self._commit(db, [pending])
+            return
+        for pending, call_ids in zip(group, results, strict=True):
+            self._deliver(pending, call_ids, None)
+
+    @staticmethod
+    def _deliver(pending: _Pending, call_ids: list[int], error: BaseException | None) -> None:
+        try:
+            pending.loop.call_soon_threadsafe(_settle, pending.future, call_ids, error)
+        except RuntimeError:  # the loop has closed: nobody waits for this answer any more
+            log.warning("a turn was committed after its event loop closed")
+
+
+def open_turn_store(url: str, engine: AsyncEngine) -> TurnStore:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        return SqliteTurnStore(url)
+    return AsyncTurnStore(engine)
