@@ -1,0 +1,185 @@
+"""The turn store: every record is durable when it returns, grouped commits stay independent."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, event
+
+from proxy.store.database import create_engine, upgrade_blocking
+from proxy.store.turn_store import AsyncTurnStore, NewCall, SqliteTurnStore, TurnStore, TurnWrite
+
+StoreFactory = Callable[[str], TurnStore]
+
+
+class _OwnEngineStore(AsyncTurnStore):
+    """The async store with an engine of its own (the app disposes its shared engine itself)."""
+
+    def __init__(self, url: str) -> None:
+        self._own_engine = create_engine(url)
+        super().__init__(self._own_engine)
+
+    async def close(self) -> None:
+        await self._own_engine.dispose()
+
+
+STORES: dict[str, StoreFactory] = {"sqlite-writer-thread": SqliteTurnStore, "async-engine": _OwnEngineStore}
+
+
+def _call(session_id: str, *, segment_id: int | None = None, parent_id: int | None = None) -> NewCall:
+    return NewCall(
+        session_id=session_id,
+        segment_id=segment_id,
+        parent_id=parent_id,
+        depth=0 if parent_id is None else 1,
+        status="ok",
+        history_key="k",
+        prompt_len=3,
+        prompt_added=b"\x01\x00\x00\x00",
+        output_ids=b"\x02\x00\x00\x00",
+        output_logprobs=b"\x00\x00\x00\x00",
+        finish_reason="stop",
+        finish_detail={},
+        boundary_edits=[],
+        request={"messages": [{"role": "user", "content": "hi"}]},
+        response_message={"role": "assistant", "content": "ok"},
+        sampling_params={},
+        weight_version=None,
+        engine_meta={},
+        timings={},
+    )
+
+
+def _write(session_id: str, **kwargs: Any) -> TurnWrite:
+    return TurnWrite(
+        session_id=session_id, template_now=datetime(2026, 1, 2), calls=[_call(session_id, **kwargs)]
+    )
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "turns.db"
+    upgrade_blocking(f"sqlite:///{path}")
+    return path
+
+
+def _recorded_ids(db: Path) -> set[int]:
+    """Read by a separate connection, as a crash-restarted proxy would."""
+    with sqlite3.connect(db) as other:
+        return {row[0] for row in other.execute("select id from calls")}
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_a_record_is_durable_when_it_returns_and_reads_see_it(db: Path, kind: str) -> None:
+    async def scenario() -> None:
+        store = STORES[kind](f"sqlite:///{db}")
+        try:
+            assert await store.session_state("s") is None
+            [first] = await store.record(_write("s"))
+            assert _recorded_ids(db) == {first}
+            [continued] = await store.calls_with_history("s", "k")
+            assert continued.id == first
+            assert continued.depth == 0
+            [second] = await store.record(_write("s", segment_id=continued.segment_id, parent_id=first))
+            assert _recorded_ids(db) == {first, second}
+            state = await store.session_state("s")
+            assert state is not None
+            assert state.status == "active"
+            assert state.template_now == datetime(2026, 1, 2)
+            latest = await store.latest_answered("s", 1)
+            assert [call.id for call in latest] == [second]
+            segment = await store.segment_rows(continued.segment_id)
+            assert [(call.id, call.parent_id) for call in segment] == [(first, None), (second, first)]
+            assert segment[1].request == {"messages": [{"role": "user", "content": "hi"}]}
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_a_bad_write_fails_alone_and_commits_nothing_of_itself(db: Path, kind: str) -> None:
+    async def scenario() -> None:
+        store = STORES[kind](f"sqlite:///{db}")
+        try:
+            results = await asyncio.gather(
+                store.record(_write("a")),
+                store.record(_write("bad", segment_id=987654)),  # no such segment: a foreign-key error
+                store.record(_write("b")),
+                return_exceptions=True,
+            )
+        finally:
+            await store.close()
+        good_a, bad, good_b = results
+        assert isinstance(bad, Exception)
+        assert isinstance(good_a, list)
+        assert isinstance(good_b, list)
+        assert _recorded_ids(db) == {*good_a, *good_b}
+        with sqlite3.connect(db) as other:
+            sessions = {row[0] for row in other.execute("select id from sessions")}
+        assert sessions == {"a", "b"}  # the failed write's session upsert was rolled back with it
+
+    asyncio.run(scenario())
+
+
+def _hold_write_lock(db: Path) -> sqlite3.Connection:
+    """Another writer holds the database: the store's writer waits (busy_timeout) while turns queue."""
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    return holder
+
+
+def test_turns_waiting_together_commit_in_one_transaction(db: Path) -> None:
+    commits: list[object] = []
+
+    def count(connection: object) -> None:
+        commits.append(connection)
+
+    async def scenario() -> list[list[int]]:
+        store = SqliteTurnStore(f"sqlite:///{db}")
+        holder = _hold_write_lock(db)
+        try:
+            pending = [asyncio.create_task(store.record(_write(f"s{i}"))) for i in range(40)]
+            await asyncio.sleep(0.2)  # every record is queued behind the held lock
+            assert not any(task.done() for task in pending)
+            holder.rollback()
+            return await asyncio.gather(*pending)
+        finally:
+            holder.close()
+            await store.close()
+
+    event.listen(Engine, "commit", count)
+    try:
+        results = asyncio.run(scenario())
+    finally:
+        event.remove(Engine, "commit", count)
+    ids = [call_id for call_ids in results for call_id in call_ids]
+    assert len(set(ids)) == 40
+    assert _recorded_ids(db) == set(ids)
+    # The first turn may have been taken alone before the others queued; the other 39 share a commit.
+    assert len(commits) <= 2
+
+
+def test_a_cancelled_request_still_has_its_turn_committed(db: Path) -> None:
+    async def scenario() -> None:
+        store = SqliteTurnStore(f"sqlite:///{db}")
+        holder = _hold_write_lock(db)
+        try:
+            task = asyncio.create_task(store.record(_write("gone")))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            holder.rollback()
+        finally:
+            holder.close()
+            await store.close()  # waits for the writer to finish what it took
+
+    asyncio.run(scenario())
+    assert len(_recorded_ids(db)) == 1
