@@ -7,8 +7,9 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
+from yarl import URL
 
 from proxy.engines.base import (
     EngineInfo,
@@ -21,13 +22,19 @@ from proxy.engines.base import (
 )
 from proxy.errors import EngineError, EngineTimeout, EngineUnavailable, InvalidRequest
 
+# A stream line may hold a whole cumulative output with its logprobs: far past aiohttp's line limit.
+_MAX_STREAM_LINE = 64 * 1024 * 1024
+# Below uvicorn's 5 s keep-alive (SGLang serves with it): a pooled connection is never reused just as
+# the engine closes it.
+_KEEPALIVE_S = 4.0
 
-def _error_message(response: httpx.Response) -> str:
+
+def _error_message(status: int, content: bytes) -> str:
     # SGLang answers errors as {"error": "text"} or {"error": {"message": "text"}}.
     try:
-        body = response.json()
-    except ValueError:
-        return response.text[:500] or f"HTTP {response.status_code}"
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return content[:500].decode(errors="replace") or f"HTTP {status}"
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, str):
         return error
@@ -136,37 +143,65 @@ class SGLangEngine:
     name = "sglang"
     supports_constraints = True
 
-    def __init__(self, base_url: str, *, timeout_s: float, transport: httpx.AsyncBaseTransport | None = None):
-        self._client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            timeout=httpx.Timeout(timeout_s, connect=10.0),
-            transport=transport,
-            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
-        )
+    def __init__(self, base_url: str, *, timeout_s: float) -> None:
+        self._base_url = base_url.rstrip("/")
+        # A generation may take long; what must not is the wait for its next bytes.
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=timeout_s)
+        self._client: aiohttp.ClientSession | None = None
 
-    async def _post(self, path: str, payload: dict[str, Any]) -> httpx.Response:
+    def _url(self, path: str) -> URL:
+        return URL(self._base_url + path)
+
+    def _session(self) -> aiohttp.ClientSession:
+        # Opened on first use, inside the event loop that serves the requests.
+        if self._client is None:
+            connector = aiohttp.TCPConnector(limit=1024, keepalive_timeout=_KEEPALIVE_S)
+            self._client = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+        return self._client
+
+    async def _send(self, path: str, payload: dict[str, Any]) -> aiohttp.ClientResponse:
+        """POST the payload; the response is open, its body unread."""
         try:
-            return await self._client.post(
-                path, content=_json(payload), headers={"content-type": "application/json"}
+            return await self._session().post(
+                self._url(path),
+                data=_json(payload),
+                headers={"content-type": "application/json"},
             )
-        except httpx.TimeoutException as exc:
+        except TimeoutError as exc:
             raise EngineTimeout(f"the engine did not answer {path} in time") from exc
-        except httpx.TransportError as exc:
-            raise EngineUnavailable(f"cannot reach the engine at {self._client.base_url}: {exc}") from exc
+        except aiohttp.ClientError as exc:
+            raise EngineUnavailable(f"cannot reach the engine at {self._base_url}: {exc}") from exc
+
+    async def _raise_for_status(self, response: aiohttp.ClientResponse) -> None:
+        if response.status == 200:
+            return
+        try:
+            content = await response.read()
+        except (TimeoutError, aiohttp.ClientError):
+            content = b""
+        finally:
+            response.release()
+        message = _error_message(response.status, content)
+        if response.status == 400:
+            raise InvalidRequest(f"the engine rejected the request: {message}", code="engine_rejected")
+        if response.status == 503:
+            raise EngineUnavailable(f"the engine is not ready: {message}")
+        raise EngineError(f"the engine answered HTTP {response.status}: {message}")
 
     async def generate(self, input_ids: PromptIds, params: SamplingParams) -> Generation:
         payload = _request_payload(input_ids, params, uuid.uuid4().hex, stream=False)
-        response = await self._post("/generate", payload)
-        if response.status_code == 400:
-            raise InvalidRequest(
-                f"the engine rejected the request: {_error_message(response)}", code="engine_rejected"
-            )
-        if response.status_code == 503:
-            raise EngineUnavailable(f"the engine is not ready: {_error_message(response)}")
-        if response.status_code != 200:
-            raise EngineError(f"the engine answered HTTP {response.status_code}: {_error_message(response)}")
+        response = await self._send("/generate", payload)
+        await self._raise_for_status(response)
         try:
-            body = orjson.loads(response.content)
+            content = await response.read()
+        except TimeoutError as exc:
+            raise EngineTimeout("the engine did not answer /generate in time") from exc
+        except aiohttp.ClientError as exc:
+            raise EngineUnavailable(f"the engine's answer was cut: {exc}") from exc
+        finally:
+            response.release()
+        try:
+            body = orjson.loads(content)
         except orjson.JSONDecodeError as exc:
             raise EngineError("the engine answered with malformed JSON") from exc
         if isinstance(body, list):
@@ -179,40 +214,27 @@ class SGLangEngine:
         self, input_ids: PromptIds, params: SamplingParams, request_id: str
     ) -> AsyncIterator[StreamChunk]:
         payload = _request_payload(input_ids, params, request_id, stream=True)
-        request = self._client.build_request(
-            "POST", "/generate", content=_json(payload), headers={"content-type": "application/json"}
-        )
-        try:
-            response = await self._client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
-            raise EngineTimeout("the engine did not answer /generate in time") from exc
-        except httpx.TransportError as exc:
-            raise EngineUnavailable(f"cannot reach the engine at {self._client.base_url}: {exc}") from exc
-        if response.status_code != 200:
-            await response.aread()
-            await response.aclose()
-            if response.status_code == 400:
-                raise InvalidRequest(
-                    f"the engine rejected the request: {_error_message(response)}", code="engine_rejected"
-                )
-            if response.status_code == 503:
-                raise EngineUnavailable(f"the engine is not ready: {_error_message(response)}")
-            raise EngineError(f"the engine answered HTTP {response.status_code}: {_error_message(response)}")
+        response = await self._send("/generate", payload)
+        await self._raise_for_status(response)
         if not response.headers.get("content-type", "").startswith("text/event-stream"):
-            await response.aclose()
+            response.close()
             raise EngineError(
                 "the engine answered a stream request with malformed JSON, not server-sent events"
             )
         return self._chunks(response, top_logprobs=params.top_logprobs > 0)
 
-    async def _chunks(self, response: httpx.Response, *, top_logprobs: bool) -> AsyncIterator[StreamChunk]:
+    async def _chunks(
+        self, response: aiohttp.ClientResponse, *, top_logprobs: bool
+    ) -> AsyncIterator[StreamChunk]:
         held = 0  # output ids received so far
+        finished = False
         try:
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
+            async for line in lines_of(response.content.iter_any()):
+                if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
+                    finished = True
                     return
                 try:
                     body = orjson.loads(data)
@@ -223,60 +245,98 @@ class SGLangEngine:
                     message = error.get("message") if isinstance(error, dict) else str(error)
                     raise EngineError(f"the engine failed mid-stream: {message}")
                 chunk, held = _stream_chunk(body, held, top_logprobs=top_logprobs)
-                yield chunk
                 if chunk.finish is not None:
+                    finished = True
+                yield chunk
+                if finished:
                     return
-        except httpx.TimeoutException as exc:
+        except TimeoutError as exc:
             raise EngineTimeout("the engine stream stalled past the timeout") from exc
-        except httpx.TransportError as exc:
+        except aiohttp.ClientError as exc:
             raise EngineError(f"the engine stream was cut: {exc}") from exc
         finally:
-            await response.aclose()
+            # An unfinished stream closes its connection: SGLang aborts a request whose client left.
+            if finished:
+                response.release()
+            else:
+                response.close()
         raise EngineError("the engine stream ended without a finish reason")
 
     async def abort(self, request_id: str) -> None:
         # Best effort: the request also ends when its connection closes.
-        with contextlib.suppress(httpx.HTTPError):
-            await self._client.post(
-                "/abort_request", json={"rid": request_id, "abort_all": False}, timeout=5.0
-            )
+        with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+            async with self._session().post(
+                self._url("/abort_request"),
+                data=orjson.dumps({"rid": request_id, "abort_all": False}),
+                headers={"content-type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=5.0),
+            ) as response:
+                await response.read()
+
+    async def _get_json(self, path: str) -> Any | None:
+        """The JSON body of a GET, or None when the route answers anything but 200."""
+        async with self._session().get(self._url(path)) as response:
+            if response.status != 200:
+                return None
+            return orjson.loads(await response.read())
 
     async def info(self) -> EngineInfo:
         model = "unknown"
         context_length: int | None = None
         weight_version: str | None = None
         try:
-            models = await self._client.get("/v1/models")
-            if models.status_code == 200:
-                data = models.json().get("data") or []
-                if data:
-                    model = str(data[0].get("id", model))
-                    raw_len = data[0].get("max_model_len")
-                    context_length = raw_len if isinstance(raw_len, int) else None
-            model_info = await self._client.get("/model_info")
-            if model_info.status_code == 200:
-                weight_version = model_info.json().get("weight_version")
-        except httpx.TimeoutException as exc:
+            models = await self._get_json("/v1/models")
+            data = (models.get("data") if isinstance(models, dict) else None) or []
+            if data:
+                model = str(data[0].get("id", model))
+                raw_len = data[0].get("max_model_len")
+                context_length = raw_len if isinstance(raw_len, int) else None
+            model_info = await self._get_json("/model_info")
+            if isinstance(model_info, dict):
+                weight_version = model_info.get("weight_version")
+        except TimeoutError as exc:
             raise EngineTimeout("the engine did not answer its info routes in time") from exc
-        except (httpx.TransportError, ValueError) as exc:
-            raise EngineUnavailable(
-                f"cannot read the engine's info at {self._client.base_url}: {exc}"
-            ) from exc
+        except (aiohttp.ClientError, orjson.JSONDecodeError, AttributeError) as exc:
+            raise EngineUnavailable(f"cannot read the engine's info at {self._base_url}: {exc}") from exc
         return EngineInfo(model=model, context_length=context_length, weight_version=weight_version)
 
     async def ready(self) -> bool:
         # /ready answers without generating; /health (a one-token generation) where /ready is
         # missing, as behind sglang-router.
+        quick = aiohttp.ClientTimeout(total=5.0)
         try:
-            response = await self._client.get("/ready", timeout=5.0)
-            if response.status_code == 404:
-                response = await self._client.get("/health", timeout=5.0)
-        except httpx.HTTPError:
+            async with self._session().get(self._url("/ready"), timeout=quick) as response:
+                status = response.status
+            if status == 404:
+                async with self._session().get(self._url("/health"), timeout=quick) as response:
+                    status = response.status
+        except (TimeoutError, aiohttp.ClientError):
             return False
-        return response.status_code == 200
+        return status == 200
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.close()
+
+
+async def lines_of(blocks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The lines of a body read in blocks, however long (aiohttp's own line reader stops at 64 KiB)."""
+    partial = bytearray()  # the start of a line whose end has not arrived
+    async for block in blocks:
+        start = 0
+        while (end := block.find(b"\n", start)) >= 0:
+            if partial:
+                partial += block[start:end]
+                yield bytes(partial)
+                partial.clear()
+            else:
+                yield block[start:end]
+            start = end + 1
+        partial += block[start:]
+        if len(partial) > _MAX_STREAM_LINE:
+            raise EngineError("the engine streamed a line longer than 64 MiB")
+    if partial:
+        yield bytes(partial)
 
 
 def _stream_chunk(body: Any, held: int, *, top_logprobs: bool) -> tuple[StreamChunk, int]:
