@@ -8,6 +8,7 @@ segment with a fresh render. The call is committed before the caller sees the an
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from proxy.chat.messages import Message, history_key, reasoning_consistent
+from proxy.chat.messages import Message, canonical, key_of_canonical, reasoning_consistent
 from proxy.chat.parsing import OutputParser, ParsedOutput, build_parser
 from proxy.chat.renderer import DeltaUnavailable, Renderer
 from proxy.engines.base import Engine, FinishReason, Generation, SamplingParams
@@ -50,6 +51,11 @@ class TurnRequest:
     @property
     def is_completion(self) -> bool:
         return self.prompt_ids is not None
+
+    @functools.cached_property
+    def canonical_messages(self) -> list[list[Any]]:
+        """The messages in matching form, once: both the parent lookup and the new call key on them."""
+        return [canonical(m) for m in self.messages]
 
 
 @dataclass(frozen=True)
@@ -273,7 +279,9 @@ class TurnRunner:
             # A completion is never the history a chat request echoes.
             history_key=""
             if request.is_completion
-            else history_key([*request.messages, reply], request.tools, request.template_kwargs),
+            else key_of_canonical(
+                [*request.canonical_messages, canonical(reply)], request.tools, request.template_kwargs
+            ),
             prompt_len=len(plan.prompt),
             prompt_added=pack_ids(plan.added),
             output_ids=pack_ids(generation.output_ids),
@@ -326,7 +334,9 @@ class TurnRunner:
         if last_assistant is None or last_assistant == len(messages) - 1:
             return None, []
         echoed = messages[: last_assistant + 1]
-        key = history_key(echoed, request.tools, request.template_kwargs)
+        key = key_of_canonical(
+            request.canonical_messages[: last_assistant + 1], request.tools, request.template_kwargs
+        )
         for candidate in await self.store.calls_with_history(session_id, key):
             recorded = (await self._recorded(candidate)).conversation
             if len(recorded) == len(echoed) and all(

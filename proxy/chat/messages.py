@@ -76,7 +76,16 @@ def history_key(
     template_kwargs: Mapping[str, Any] | None,
 ) -> str:
     """A digest of a conversation under the matching rules, plus what else shapes its render."""
-    payload = [[canonical(m) for m in messages], list(tools or []), dict(template_kwargs or {})]
+    return key_of_canonical([canonical(m) for m in messages], tools, template_kwargs)
+
+
+def key_of_canonical(
+    canonical_messages: Sequence[list[Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    template_kwargs: Mapping[str, Any] | None,
+) -> str:
+    """history_key of messages already in canonical form: a turn keys its request and its reply."""
+    payload = [list(canonical_messages), list(tools or []), dict(template_kwargs or {})]
     return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
