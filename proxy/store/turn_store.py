@@ -18,10 +18,10 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import orjson
-from sqlalchemy import Connection, Integer, Select, bindparam, create_engine, event, insert, select
+from sqlalchemy import Connection, Integer, Select, Table, bindparam, create_engine, event, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -136,31 +136,59 @@ _SEGMENT = (
 )
 
 
-def write_turn(db: Connection, write: TurnWrite) -> list[int]:
-    """Insert one request's calls (and the session, on its first call); returns their ids."""
-    now = utcnow()
-    dialect = sqlite if db.dialect.name == "sqlite" else postgresql
-    # One statement creates the session on its first call and marks it active on every other.
-    db.execute(
-        dialect.insert(SessionRow)
-        .values(
-            id=write.session_id,
-            status="active",
-            created_at=now,
-            updated_at=now,
-            template_now=write.template_now,
-        )
-        .on_conflict_do_update(index_elements=[SessionRow.id], set_={"updated_at": now})
+_SESSIONS = cast(Table, SessionRow.__table__)
+_SEGMENTS = cast(Table, SegmentRow.__table__)
+_CALLS = cast(Table, CallRow.__table__)
+_NEW_CALL_FIELDS = tuple(f.name for f in fields(NewCall))
+
+
+def _session_upsert(insert_for: Any) -> Any:
+    """Creates a session on its first call and marks it touched on every later one."""
+    statement = insert_for(_SESSIONS)
+    return statement.on_conflict_do_update(
+        index_elements=[_SESSIONS.c.id], set_={"updated_at": statement.excluded.updated_at}
     )
-    call_ids = []
-    for call in write.calls:
-        values = {f.name: getattr(call, f.name) for f in fields(NewCall)}
-        if call.segment_id is None:
-            opened = insert(SegmentRow).values(session_id=call.session_id, created_at=now)
-            values["segment_id"] = db.execute(opened.returning(SegmentRow.id)).scalar_one()
-        inserted = insert(CallRow).values(**values, created_at=now).returning(CallRow.id)
-        call_ids.append(db.execute(inserted).scalar_one())
-    return call_ids
+
+
+# Core statements, built once: ORM-level inserts with .values() rebuild and re-key a statement per
+# row, which cost more than the write itself. Each runs once per group, with one row per turn.
+_UPSERT_SESSIONS = {
+    "sqlite": _session_upsert(sqlite.insert),
+    "postgresql": _session_upsert(postgresql.insert),
+}
+_OPEN_SEGMENTS = _SEGMENTS.insert().returning(_SEGMENTS.c.id, sort_by_parameter_order=True)
+_INSERT_CALLS = _CALLS.insert().returning(_CALLS.c.id, sort_by_parameter_order=True)
+
+
+def write_turns(db: Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
+    """Insert the calls of several requests (and their sessions, on a first call); returns each
+    request's call ids. The caller owns the transaction."""
+    now = utcnow()
+    first_render: dict[str, datetime] = {}
+    for write in writes:
+        first_render.setdefault(write.session_id, write.template_now)
+    db.execute(
+        _UPSERT_SESSIONS[db.dialect.name],
+        [
+            {"id": session_id, "status": "active", "created_at": now, "updated_at": now, "template_now": at}
+            for session_id, at in first_render.items()
+        ],
+    )
+    calls = [call for write in writes for call in write.calls]
+    rows = [{name: getattr(call, name) for name in _NEW_CALL_FIELDS} | {"created_at": now} for call in calls]
+    opening = [row for row in rows if row["segment_id"] is None]  # each opens a segment of its own
+    if opening:
+        segment_ids = db.execute(
+            _OPEN_SEGMENTS, [{"session_id": row["session_id"], "created_at": now} for row in opening]
+        ).scalars()
+        for row, segment_id in zip(opening, segment_ids, strict=True):
+            row["segment_id"] = segment_id
+    call_ids = list(db.execute(_INSERT_CALLS, rows).scalars())
+    per_write, start = [], 0
+    for write in writes:
+        per_write.append(call_ids[start : start + len(write.calls)])
+        start += len(write.calls)
+    return per_write
 
 
 class TurnStore(abc.ABC):
@@ -204,7 +232,8 @@ class AsyncTurnStore(TurnStore):
 
     async def record(self, write: TurnWrite) -> list[int]:
         async with self._engine.begin() as db:
-            return await db.run_sync(write_turn, write)
+            [call_ids] = await db.run_sync(write_turns, [write])
+            return call_ids
 
     async def close(self) -> None:
         return None
@@ -296,7 +325,7 @@ class SqliteTurnStore(TurnStore):
     def _commit(self, db: Connection, group: list[_Pending]) -> None:
         try:
             with db.begin():
-                results = [write_turn(db, pending.write) for pending in group]
+                results = write_turns(db, [pending.write for pending in group])
         except Exception as error:
             if len(group) == 1:
                 self._deliver(group[0], [], error)

@@ -162,6 +162,15 @@ def test_turns_waiting_together_commit_in_one_transaction(db: Path) -> None:
     ids = [call_id for call_ids in results for call_id in call_ids]
     assert len(set(ids)) == 40
     assert _recorded_ids(db) == set(ids)
+    # Each request got back its own call's id, in a segment of its own session.
+    with sqlite3.connect(db) as other:
+        placed = dict(
+            other.execute(
+                "select calls.id, segments.session_id from calls"
+                " join segments on segments.id = calls.segment_id"
+            ).fetchall()
+        )
+    assert [placed[call_ids[0]] for call_ids in results] == [f"s{i}" for i in range(40)]
     # The first turn may have been taken alone before the others queued; the other 39 share a commit.
     assert len(commits) <= 2
 
