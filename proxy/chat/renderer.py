@@ -3,7 +3,8 @@
 The delta of messages appended after an assistant turn is computed in a constant synthetic context
 (a fixed system + user base and an assistant stub), so it never depends on the real history, whose
 earlier turns the template may rewrite (stripped reasoning, dates, tool lists). The delta is cut
-after the stub's close token, and only after checking at token level that the cut is a true prefix.
+after the stub's close token, and only after checking at token level that the cut is a true prefix,
+or, where the tokenizer provably splits its input at that close token, by encoding from it.
 What the served template allows is decided once by the start-up probe (proxy/chat/probe.py).
 """
 
@@ -26,6 +27,16 @@ BASE_USER = "Hello."
 STUB_CONTENT = "tito-proxy fixed-base stub reply"
 # Non-empty: templates like Qwen3 render a reasoning-free assistant differently when it is last.
 STUB_REASONING = "tito-proxy fixed-base stub reasoning"
+# Texts around a close token on which encoding from the close is checked against a full encode.
+_SPLIT_SAMPLES = (
+    ("reply", "\n<|im_start|>user\nhi"),
+    ("x ", " leading space"),
+    ("end.", "\n\n  indented\n\tline"),
+    ("données", "é 123 ünïcödé 漢字"),
+    ("", "plain"),
+    ("a\n", ""),
+    ("  ", "  "),
+)
 
 
 class DeltaUnavailable(Exception):
@@ -52,7 +63,10 @@ class Renderer:
         )
         self.arguments_as: Literal["object", "string"] = "object"
         self._heads: dict[str, list[int]] = {}
+        # Empty while the probe runs: it checks templates on full encodes only.
+        self._splitting_closes: dict[str, int] = {}
         self.verdict: TemplateVerdict = TemplateProbe(self).run()
+        self._splitting_closes = self._closes_split_at()
         # Fixed for the process: derived once, read on every turn.
         self.close_token_ids = self._ids_of(self.verdict.close_tokens)
         # What the engine must stop on: the tokens that end a sampled turn, and EOS.
@@ -192,6 +206,39 @@ class Renderer:
             found = self._heads[head] = self.encode(head)
         return found
 
+    def _closes_split_at(self) -> dict[str, int]:
+        """The close tokens the tokenizer cuts its input at before anything else runs, with their ids.
+
+        A Hugging Face tokenizer first splits the text at added tokens that are not normalized, then
+        normalizes and pre-tokenizes each piece on its own. After such a close the ids do not depend on
+        what precedes it, so encoding may start at the close rather than re-encode the fixed base with
+        its tool list. Options that look past the token (strip, single word) or a longer added token
+        containing it rule that out; so does any sample where the two encodes differ.
+        """
+        added = {str(t.content): (int(i), t) for i, t in self.tokenizer.get_added_tokens_decoder().items()}
+        splitting: dict[str, int] = {}
+        for close in self.verdict.close_tokens:
+            if close not in added:
+                continue
+            token_id, token = added[close]
+            plain = token.special and not (
+                token.normalized or token.lstrip or token.rstrip or token.single_word
+            )
+            swallowed = any(close in other and other != close for other in added)
+            if plain and not swallowed and all(self._same_after(close, token_id, *s) for s in _SPLIT_SAMPLES):
+                splitting[close] = token_id
+        return splitting
+
+    def close_splits_input(self, close: str) -> bool:
+        """Whether ids after `close` are encoded from the close, not from the whole render."""
+        return close in self._splitting_closes
+
+    def _same_after(self, close: str, close_id: int, before: str, after: str) -> bool:
+        whole = self.encode(before + close + after)
+        head = self.encode(before + close)
+        from_close = self.encode(close + after)
+        return from_close[:1] == [close_id] and whole == head + from_close[1:]
+
     def cut_after_close(self, text: str, start: int) -> Delta:
         """The ids of `text` after the first close token at or past `start`, trusted only when the
         text up to that close encodes to a token prefix of the whole."""
@@ -199,6 +246,12 @@ class Renderer:
         if not ends:
             raise DeltaUnavailable("no close token after the assistant turn in the render")
         close_at, close = min(ends)
+        close_id = self._splitting_closes.get(close)
+        if close_id is not None:
+            # The tokenizer cuts at this close (see _closes_split_at): its ids are a prefix boundary.
+            from_close = self.encode(text[close_at:])
+            if from_close[:1] == [close_id]:
+                return Delta(ids=from_close[1:], close=close)
         head_ids = self._head_ids(text[: close_at + len(close)])
         full_ids = self.encode(text)
         if full_ids[: len(head_ids)] != head_ids:
