@@ -1,4 +1,5 @@
-"""Reads and writes of sessions, segments and calls: the only module that builds SQL."""
+"""Reads and writes of sessions, segments and calls for the admin, export and retry routes
+(the turn path has its own, in turn_store.py)."""
 
 from __future__ import annotations
 
