@@ -8,7 +8,8 @@ ProxyError                      500 server_error
 ├── Unauthorized                401 code=invalid_api_key (no key, or a wrong one)
 ├── Forbidden                   403 permission_error (the harness key on an admin route)
 ├── NotFound                    404 not_found_error
-├── Conflict                    409 conflict_error (a session id that is taken)
+├── Conflict                    409 conflict_error (a session id that is taken, or deleted mid-turn)
+├── RecordFailed                503 code=record_failed (the database refused a turn's commit)
 └── EngineError                 502 engine_error (bad answer from the engine)
     ├── EngineUnavailable       503 (cannot connect, or the engine says it is not ready)
     └── EngineTimeout           504
@@ -76,6 +77,14 @@ class Conflict(ProxyError):
     status_code = 409
     error_type = "conflict_error"
     default_code = "conflict"
+
+
+class RecordFailed(ProxyError):
+    """The database refused a turn's commit: the turn is not answered, since it is not recorded."""
+
+    status_code = 503
+    error_type = "server_error"
+    default_code = "record_failed"
 
 
 class EngineError(ProxyError):

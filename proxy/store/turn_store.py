@@ -24,8 +24,10 @@ import orjson
 from sqlalchemy import Connection, Integer, Select, Table, bindparam, create_engine, event, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from proxy.errors import Conflict, ProxyError, RecordFailed
 from proxy.store.database import sqlite_pragmas
 from proxy.store.models import CallRow, SegmentRow, SessionRow
 from proxy.store.repository import utcnow
@@ -191,6 +193,15 @@ def write_turns(db: Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
     return per_write
 
 
+def recording_error(error: SQLAlchemyError) -> ProxyError:
+    """What the client is told when its turn cannot be committed (nothing of it is recorded)."""
+    if isinstance(error, IntegrityError):
+        # A session or segment deleted while the turn ran: its rows have nothing to belong to.
+        return Conflict("the session was deleted or changed while this turn ran; nothing was recorded")
+    reason = error.orig if isinstance(error, DBAPIError) else error  # the driver's words, not the SQL
+    return RecordFailed(f"the turn could not be recorded, so it is not answered: {reason}")
+
+
 class TurnStore(abc.ABC):
     """The reads of the turn path, given a way to run a query, and its commit."""
 
@@ -231,9 +242,12 @@ class AsyncTurnStore(TurnStore):
             return (await db.execute(query, params)).all()
 
     async def record(self, write: TurnWrite) -> list[int]:
-        async with self._engine.begin() as db:
-            [call_ids] = await db.run_sync(write_turns, [write])
-            return call_ids
+        try:
+            async with self._engine.begin() as db:
+                [call_ids] = await db.run_sync(write_turns, [write])
+        except SQLAlchemyError as exc:
+            raise recording_error(exc) from exc
+        return call_ids
 
     async def close(self) -> None:
         return None
@@ -293,7 +307,10 @@ class SqliteTurnStore(TurnStore):
         future: asyncio.Future[list[int]] = loop.create_future()
         self._queue.put(_Pending(write, future, loop))
         # Shielded: a request cancelled while waiting must not cancel a commit under way.
-        return await asyncio.shield(future)
+        try:
+            return await asyncio.shield(future)
+        except SQLAlchemyError as exc:
+            raise recording_error(exc) from exc
 
     async def close(self) -> None:
         self._queue.put(None)
@@ -342,7 +359,7 @@ class SqliteTurnStore(TurnStore):
         try:
             pending.loop.call_soon_threadsafe(_settle, pending.future, call_ids, error)
         except RuntimeError:  # the loop has closed: nobody waits for this answer any more
-            log.warning("a turn was committed after its event loop closed")
+            log.warning("a turn's write ended (%s) after its event loop closed", error or "committed")
 
 
 def open_turn_store(url: str, engine: AsyncEngine) -> TurnStore:

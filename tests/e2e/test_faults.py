@@ -4,6 +4,7 @@ parallel requests on one session each recorded whole."""
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -121,3 +122,28 @@ def _last_output(segment: dict[str, Any]) -> list[int]:
             break
         tail.append(token)
     return tail
+
+
+def test_a_session_deleted_while_its_turn_runs_gets_a_conflict_and_nothing_of_the_turn(
+    proxy_url: str, engine: FakeSGLang
+) -> None:
+    first = httpx.post(
+        f"{proxy_url}/sessions/gone/v1/chat/completions", json={"model": "m", "messages": USER}, timeout=30
+    )
+    reply = first.json()["choices"][0]["message"]
+    engine.fault, engine.hang_s = "hang", 1.0  # the next turn waits a second in the engine, then answers
+    body = {"model": "m", "messages": [*USER, reply, {"role": "user", "content": "more"}]}
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(
+            httpx.post, f"{proxy_url}/sessions/gone/v1/chat/completions", json=body, timeout=30
+        )
+        deadline = time.monotonic() + 10
+        while len(engine.requests) < 2 and time.monotonic() < deadline:  # the second turn is in the engine
+            time.sleep(0.01)
+        assert httpx.delete(f"{proxy_url}/sessions/gone").status_code == 204
+        response = pending.result()
+    assert response.status_code == 409, response.text
+    error = response.json()["error"]
+    assert error["code"] == "conflict"
+    assert "deleted" in error["message"]
+    _nothing_recorded(proxy_url, "gone")
