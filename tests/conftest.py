@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -12,6 +13,7 @@ from tokenizers import Tokenizer
 from proxy.app import create_app
 from proxy.config import Settings
 from proxy.demo_model import copy_qwen_tokenizer
+from tests import postgres_server
 from tests.fakes.sglang import FakeSGLang
 from tests.support import serve, token_id
 
@@ -51,12 +53,15 @@ def start_proxy(tmp_path: Path, qwen_dir: Path, engine: FakeSGLang) -> ProxyFact
     """Start the proxy (uvicorn, real lifespan, migrations) against the fake engine; yields its URL."""
 
     @contextmanager
-    def start(db: Path | None = None, tokenizer: Path | None = None, **overrides: object) -> Iterator[str]:
+    def start(
+        db: Path | str | None = None, tokenizer: Path | None = None, **overrides: object
+    ) -> Iterator[str]:
         values: dict[str, object] = {
             "engine": "sglang",
             "engine_url": engine.url,  # type: ignore[attr-defined]
             "tokenizer": tokenizer or qwen_dir,
-            "db": f"sqlite:///{db or tmp_path / 'proxy.db'}",
+            # A path is a SQLite file; a string is a database URL as given.
+            "db": db if isinstance(db, str) else f"sqlite:///{db or tmp_path / 'proxy.db'}",
             **overrides,
         }
         settings = Settings(**values)  # type: ignore[arg-type]
@@ -70,3 +75,18 @@ def start_proxy(tmp_path: Path, qwen_dir: Path, engine: FakeSGLang) -> ProxyFact
 def proxy_url(start_proxy: ProxyFactory) -> Iterator[str]:
     with start_proxy() as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> Iterator[str]:
+    """A PostgreSQL server for the session's tests (its folder is handed to the server's own user)."""
+    if not postgres_server.available():
+        pytest.skip("PostgreSQL's server programs (initdb, pg_ctl) are not installed")
+    with tempfile.TemporaryDirectory() as root, postgres_server.postgres_server(Path(root)) as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_url(postgres_server_url: str) -> str:
+    """A fresh, empty database for one test."""
+    return postgres_server.new_database(postgres_server_url)

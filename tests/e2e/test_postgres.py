@@ -1,0 +1,140 @@
+"""PostgreSQL, the database for a scaled-out deployment: the same migrations without drift, the turn
+store's writes, and a recorded, branched, exported conversation through the served proxy."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import Connection, text
+
+from proxy.errors import Conflict
+from proxy.store.database import create_engine, upgrade_blocking
+from proxy.store.models import Base
+from proxy.store.turn_store import AsyncTurnStore, NewCall, TurnWrite, write_turns
+from tests.conftest import ProxyFactory
+from tests.support import reply, segments
+
+
+def _call(session_id: str, segment_id: int | None = None) -> NewCall:
+    return NewCall(
+        session_id=session_id,
+        segment_id=segment_id,
+        parent_id=None,
+        depth=0,
+        status="ok",
+        history_key="k",
+        prompt_len=1,
+        prompt_added=b"\x01\x00\x00\x00",
+        output_ids=b"\x02\x00\x00\x00",
+        output_logprobs=b"\x00\x00\x00\x00",
+        finish_reason="stop",
+        finish_detail={"openai": "stop"},
+        boundary_edits=[],
+        request={"messages": [{"role": "user", "content": "ünï 🌍"}]},
+        response_message={"role": "assistant", "content": "ok"},
+        sampling_params={},
+        weight_version=None,
+        engine_meta={},
+        timings={},
+    )
+
+
+def _write(session_id: str, calls: int = 1, segment_id: int | None = None) -> TurnWrite:
+    return TurnWrite(
+        session_id=session_id,
+        template_now=datetime(2026, 1, 2),
+        calls=[_call(session_id, segment_id) for _ in range(calls)],
+    )
+
+
+def test_migrations_build_the_schema_without_drift(postgres_url: str) -> None:
+    upgrade_blocking(postgres_url)
+
+    async def drift() -> list[Any]:
+        engine = create_engine(postgres_url)
+        try:
+            async with engine.connect() as connection:
+                return await connection.run_sync(
+                    lambda c: compare_metadata(MigrationContext.configure(c), Base.metadata)
+                )
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(drift()) == []
+
+
+def test_the_turn_store_writes_groups_and_refuses_a_write_to_a_deleted_segment(postgres_url: str) -> None:
+    upgrade_blocking(postgres_url)
+
+    async def scenario() -> None:
+        engine = create_engine(postgres_url)
+        store = AsyncTurnStore(engine)
+        try:
+            # Several requests in one transaction, as the SQLite writer groups them: each gets its ids.
+            writes = [_write("a", calls=2), _write("b"), _write("a")]
+            async with engine.begin() as db:
+                ids = await db.run_sync(write_turns, writes)
+
+            def placed(db: Connection) -> dict[int, str]:
+                rows = db.execute(
+                    text("select c.id, s.session_id from calls c join segments s on s.id = c.segment_id")
+                )
+                return {row[0]: row[1] for row in rows}
+
+            async with engine.connect() as db:
+                sessions = await db.run_sync(placed)
+            assert [[sessions[i] for i in group] for group in ids] == [["a", "a"], ["b"], ["a"]]
+            assert len({i for group in ids for i in group}) == 4
+            state = await store.session_state("a")
+            assert state is not None
+            assert state.template_now == datetime(2026, 1, 2)
+            [latest] = await store.latest_answered("b", 1)
+            assert latest.response_message == {"role": "assistant", "content": "ok"}
+            with pytest.raises(Conflict):
+                await store.record(_write("c", segment_id=987654))
+            assert await store.session_state("c") is None  # rolled back with the refused call
+        finally:
+            await engine.dispose()
+
+    asyncio.run(scenario())
+
+
+def test_a_branched_conversation_is_recorded_and_exported(
+    start_proxy: ProxyFactory, postgres_url: str
+) -> None:
+    user = [{"role": "user", "content": "hi"}]
+    with start_proxy(db=postgres_url) as url:
+        first = reply(url, user, "pg")
+        history = [*user, {"role": "assistant", "content": first["content"]}]
+        second = reply(url, [*history, {"role": "user", "content": "again"}], "pg")
+        assert second["role"] == "assistant"
+
+        def branch(i: int) -> int:
+            messages = [*history, {"role": "user", "content": f"branch {i}"}]
+            response = httpx.post(
+                f"{url}/sessions/pg/v1/chat/completions",
+                json={"model": "m", "messages": messages, "max_tokens": 16},
+                timeout=60,
+            )
+            return response.status_code
+
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            assert list(pool.map(branch, range(6))) == [200] * 6
+        found = segments(url, "pg")
+        # One segment per branch off the first turn: the second turn and the six siblings.
+        assert sorted(s["num_calls"] for s in found) == [2] * 7
+        for segment in found:
+            assert len(segment["response_ids"]) == len(segment["loss_mask"])
+        assert httpx.post(f"{url}/sessions/pg/finish").status_code == 200
+        response = httpx.get(f"{url}/export", params={"mode": "merged"}, timeout=60)
+        rows = [orjson.loads(line) for line in response.content.splitlines() if line]
+        assert {row["session_id"] for row in rows} == {"pg"}
+        assert len(rows) == 7
