@@ -18,41 +18,10 @@ from sqlalchemy import Connection, text
 from proxy.errors import Conflict
 from proxy.store.database import create_engine, upgrade_blocking
 from proxy.store.models import Base
-from proxy.store.turn_store import AsyncTurnStore, NewCall, TurnWrite, write_turns
+from proxy.store.turn_store import AsyncTurnStore, write_turns
 from tests.conftest import ProxyFactory
 from tests.support import reply, segments
-
-
-def _call(session_id: str, segment_id: int | None = None) -> NewCall:
-    return NewCall(
-        session_id=session_id,
-        segment_id=segment_id,
-        parent_id=None,
-        depth=0,
-        status="ok",
-        history_key="k",
-        prompt_len=1,
-        prompt_added=b"\x01\x00\x00\x00",
-        output_ids=b"\x02\x00\x00\x00",
-        output_logprobs=b"\x00\x00\x00\x00",
-        finish_reason="stop",
-        finish_detail={"openai": "stop"},
-        boundary_edits=[],
-        request={"messages": [{"role": "user", "content": "ünï 🌍"}]},
-        response_message={"role": "assistant", "content": "ok"},
-        sampling_params={},
-        weight_version=None,
-        engine_meta={},
-        timings={},
-    )
-
-
-def _write(session_id: str, calls: int = 1, segment_id: int | None = None) -> TurnWrite:
-    return TurnWrite(
-        session_id=session_id,
-        template_now=datetime(2026, 1, 2),
-        calls=[_call(session_id, segment_id) for _ in range(calls)],
-    )
+from tests.turn_writes import turn_write
 
 
 def test_migrations_build_the_schema_without_drift(postgres_url: str) -> None:
@@ -79,7 +48,7 @@ def test_the_turn_store_writes_groups_and_refuses_a_write_to_a_deleted_segment(p
         store = AsyncTurnStore(engine)
         try:
             # Several requests in one transaction, as the SQLite writer groups them: each gets its ids.
-            writes = [_write("a", calls=2), _write("b"), _write("a")]
+            writes = [turn_write("a", calls=2, content="ünï 🌍"), turn_write("b"), turn_write("a")]
             async with engine.begin() as db:
                 ids = await db.run_sync(write_turns, writes)
 
@@ -99,7 +68,7 @@ def test_the_turn_store_writes_groups_and_refuses_a_write_to_a_deleted_segment(p
             [latest] = await store.latest_answered("b", 1)
             assert latest.response_message == {"role": "assistant", "content": "ok"}
             with pytest.raises(Conflict):
-                await store.record(_write("c", segment_id=987654))
+                await store.record(turn_write("c", segment_id=987654))
             assert await store.session_state("c") is None  # rolled back with the refused call
         finally:
             await engine.dispose()

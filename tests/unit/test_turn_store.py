@@ -7,14 +7,14 @@ import sqlite3
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import Engine, event
 
 from proxy.errors import Conflict
 from proxy.store.database import create_engine, upgrade_blocking
-from proxy.store.turn_store import AsyncTurnStore, NewCall, SqliteTurnStore, TurnStore, TurnWrite
+from proxy.store.turn_store import AsyncTurnStore, SqliteTurnStore, TurnStore
+from tests.turn_writes import turn_write
 
 StoreFactory = Callable[[str], TurnStore]
 
@@ -31,36 +31,6 @@ class _OwnEngineStore(AsyncTurnStore):
 
 
 STORES: dict[str, StoreFactory] = {"sqlite-writer-thread": SqliteTurnStore, "async-engine": _OwnEngineStore}
-
-
-def _call(session_id: str, *, segment_id: int | None = None, parent_id: int | None = None) -> NewCall:
-    return NewCall(
-        session_id=session_id,
-        segment_id=segment_id,
-        parent_id=parent_id,
-        depth=0 if parent_id is None else 1,
-        status="ok",
-        history_key="k",
-        prompt_len=3,
-        prompt_added=b"\x01\x00\x00\x00",
-        output_ids=b"\x02\x00\x00\x00",
-        output_logprobs=b"\x00\x00\x00\x00",
-        finish_reason="stop",
-        finish_detail={},
-        boundary_edits=[],
-        request={"messages": [{"role": "user", "content": "hi"}]},
-        response_message={"role": "assistant", "content": "ok"},
-        sampling_params={},
-        weight_version=None,
-        engine_meta={},
-        timings={},
-    )
-
-
-def _write(session_id: str, **kwargs: Any) -> TurnWrite:
-    return TurnWrite(
-        session_id=session_id, template_now=datetime(2026, 1, 2), calls=[_call(session_id, **kwargs)]
-    )
 
 
 @pytest.fixture
@@ -82,12 +52,12 @@ def test_a_record_is_durable_when_it_returns_and_reads_see_it(db: Path, kind: st
         store = STORES[kind](f"sqlite:///{db}")
         try:
             assert await store.session_state("s") is None
-            [first] = await store.record(_write("s"))
+            [first] = await store.record(turn_write("s"))
             assert _recorded_ids(db) == {first}
             [continued] = await store.calls_with_history("s", "k")
             assert continued.id == first
             assert continued.depth == 0
-            [second] = await store.record(_write("s", segment_id=continued.segment_id, parent_id=first))
+            [second] = await store.record(turn_write("s", segment_id=continued.segment_id, parent_id=first))
             assert _recorded_ids(db) == {first, second}
             state = await store.session_state("s")
             assert state is not None
@@ -110,9 +80,9 @@ def test_a_bad_write_fails_alone_and_commits_nothing_of_itself(db: Path, kind: s
         store = STORES[kind](f"sqlite:///{db}")
         try:
             results = await asyncio.gather(
-                store.record(_write("a")),
-                store.record(_write("bad", segment_id=987654)),  # no such segment: a foreign-key error
-                store.record(_write("b")),
+                store.record(turn_write("a")),
+                store.record(turn_write("bad", segment_id=987654)),  # no such segment: a foreign-key error
+                store.record(turn_write("b")),
                 return_exceptions=True,
             )
         finally:
@@ -146,7 +116,7 @@ def test_turns_waiting_together_commit_in_one_transaction(db: Path) -> None:
         store = SqliteTurnStore(f"sqlite:///{db}")
         holder = _hold_write_lock(db)
         try:
-            pending = [asyncio.create_task(store.record(_write(f"s{i}"))) for i in range(40)]
+            pending = [asyncio.create_task(store.record(turn_write(f"s{i}"))) for i in range(40)]
             await asyncio.sleep(0.2)  # every record is queued behind the held lock
             assert not any(task.done() for task in pending)
             holder.rollback()
@@ -181,7 +151,7 @@ def test_a_cancelled_request_still_has_its_turn_committed(db: Path) -> None:
         store = SqliteTurnStore(f"sqlite:///{db}")
         holder = _hold_write_lock(db)
         try:
-            task = asyncio.create_task(store.record(_write("gone")))
+            task = asyncio.create_task(store.record(turn_write("gone")))
             await asyncio.sleep(0.1)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
