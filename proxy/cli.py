@@ -25,7 +25,12 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument(
         "--model", type=Path, help="local model dir (local engine); its tokenizer is the default"
     )
-    serve.add_argument("--tokenizer", type=Path, help="local Hugging Face tokenizer dir with a chat template")
+    serve.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="Hugging Face tokenizer dir with a chat template, or a model id (org/name[@revision]) "
+        "already in the local Hugging Face cache (never downloaded)",
+    )
     serve.add_argument("--served-model-name", help="model name reported by /v1/models")
     serve.add_argument("--context-length", type=int, help="override the engine's context length")
     serve.add_argument("--db", help="SQLAlchemy URL (default sqlite:///tito-proxy.db)")
@@ -55,6 +60,12 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument(
         "--drift-report", choices=["strict", "ignore_strippable", "disable"], help="default strict"
     )
+    serve.add_argument(
+        "--allow-unauthenticated",
+        action="store_const",
+        const=True,
+        help="bind beyond loopback without both keys (refused otherwise); also TITO_ALLOW_UNAUTHENTICATED",
+    )
 
 
 def _settings_from(args: argparse.Namespace) -> Any:
@@ -79,6 +90,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "stream_keepalive_s",
         "api_key",
         "admin_key",
+        "allow_unauthenticated",
     )
     given = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     return Settings(**given)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from proxy.model_source import ModelSource, resolve
 
 EngineKind = Literal["sglang", "local"]
 
@@ -49,6 +52,9 @@ class Settings(BaseSettings):
     # exports and weight versions. Without an admin key those need the harness key (if one is set).
     api_key: SecretStr | None = None
     admin_key: SecretStr | None = None
+    # Binding beyond loopback without both keys lets anyone on the network drive turns and read every
+    # trajectory; it needs saying so explicitly.
+    allow_unauthenticated: bool = False
 
     @model_validator(mode="after")
     def _tokenizer_source(self) -> Settings:
@@ -60,14 +66,48 @@ class Settings(BaseSettings):
             raise ValueError("the local engine needs --model DIR")
         return self
 
+    @model_validator(mode="after")
+    def _keys_beyond_loopback(self) -> Settings:
+        if is_loopback(self.host) or self.allow_unauthenticated:
+            return self
+        missing = [
+            name
+            for name, key in (
+                ("--api-key (TITO_API_KEY)", self.api_key),
+                ("--admin-key (TITO_ADMIN_KEY)", self.admin_key),
+            )
+            if key is None or not key.get_secret_value()
+        ]
+        if missing:
+            raise ValueError(
+                f"binding {self.host}, beyond loopback, needs {' and '.join(missing)}: "
+                "pass --allow-unauthenticated (TITO_ALLOW_UNAUTHENTICATED=1) if an open proxy is wanted"
+            )
+        return self
+
     @property
-    def tokenizer_dir(self) -> Path:
+    def model_source(self) -> ModelSource:
+        """The tokenizer's directory (a hub id is found in the local hub cache) and the model's name."""
         source = self.tokenizer or self.model
         assert source is not None  # guaranteed by the validator
-        return source
+        return resolve(source)
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.model_source.directory
 
     @property
     def model_name(self) -> str:
         if self.served_model_name:
             return self.served_model_name
-        return self.tokenizer_dir.name
+        return self.model_source.name
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address is reachable from this host only (a name other than localhost is not)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
