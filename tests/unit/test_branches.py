@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 
 from proxy.export.branches import branch_labels
-from proxy.export.samples import merged_rows, stepwise_rows
+from proxy.export.samples import merge_steps, merged_rows, stepwise_rows
 from proxy.store.models import CallRow
 from tests.call_trees import Output, SessionBuilder
 from tests.unit.test_merge_steps import call_trees
@@ -84,6 +84,14 @@ def test_n_choices_are_samples_never_abandoned() -> None:
         ([t1.id, c0.id], "sample"),
         ([t1.id, c1.id, t3.id], "final"),
     ]
+    # Step-wise, merged back: the shared first call is trained once, with the first choice that
+    # extends it; the kept line goes on from its prompt (mask 0 there).
+    runs = merge_steps(stepwise_rows(b.session, b.calls))
+    assert [(r["call_ids"], r["branch"]) for r in runs] == [
+        ([t1.id, c0.id], "sample"),
+        ([c1.id, t3.id], "final"),
+    ]
+    assert runs[1]["prompt_ids"] == [*b.context(t1), 2]
 
 
 def test_n_choices_of_the_last_turn_the_first_is_final() -> None:

@@ -130,8 +130,11 @@ def test_every_trained_token_of_a_merged_row_is_a_sampled_token_with_its_logprob
     builder: SessionBuilder, branches: BranchFilter
 ) -> None:
     steps = stepwise_rows(builder.session, builder.calls, branches=branches)
-    for row in merge_steps(steps):
+    runs = merge_steps(steps)
+    for row in runs:
         assert_mask_one_is_sampled(row, builder.calls)
+    # Each call's output is trained in one run only, samples and shared prefixes included.
+    assert sorted(i for run in runs for i in run["call_ids"]) == sorted(s["call_id"] for s in steps)
     for row in merged_rows(builder.session, builder.calls, None, "disable", branches=branches):
         assert_mask_one_is_sampled(row, builder.calls)
 
