@@ -142,7 +142,7 @@ def test_aborted_calls_are_not_branches() -> None:
     assert _labels(b) == {t1.id: "final", t2.id: "final"}
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(call_trees())
 def test_labels_are_consistent_on_any_tree(builder: SessionBuilder) -> None:
     calls = builder.calls

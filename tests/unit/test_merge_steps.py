@@ -106,7 +106,7 @@ def assert_mask_one_is_sampled(row: dict[str, Any], calls: list[CallRow]) -> Non
     assert set(mask) <= {0, 1}
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(linear_sessions())
 def test_merging_the_steps_of_a_single_segment_session_gives_its_merged_export(
     builder: SessionBuilder,
@@ -124,7 +124,7 @@ def test_merging_the_steps_of_a_single_segment_session_gives_its_merged_export(
     assert len(rebuilt["token_rewards"]) == len(rebuilt["response_ids"])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(call_trees(), st.sampled_from(BRANCH_FILTERS))
 def test_every_trained_token_of_a_merged_row_is_a_sampled_token_with_its_logprob(
     builder: SessionBuilder, branches: BranchFilter
@@ -139,7 +139,7 @@ def test_every_trained_token_of_a_merged_row_is_a_sampled_token_with_its_logprob
         assert_mask_one_is_sampled(row, builder.calls)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(linear_sessions(retries=False), st.data())
 def test_merged_rows_merge_again_with_their_observation_tokens_kept_at_mask_0(
     builder: SessionBuilder, data: st.DataObject
