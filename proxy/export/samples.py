@@ -219,7 +219,8 @@ def merge_steps(steps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if found is None:
             runs.append(other)
         else:
-            _extend(*found[:1], other, found[1])
+            run, observation = found
+            _extend(run, other, observation)
     for run in runs:
         if "call_ids" in run:
             run["num_calls"] = len(run["call_ids"])
