@@ -147,7 +147,12 @@ def _export(args: argparse.Namespace) -> int:
     """Stream GET /export into a file with a progress bar; with --ack, ack what was written."""
     import httpx
 
-    params: dict[str, Any] = {"mode": args.mode, "format": args.format, "after": args.after}
+    params: dict[str, Any] = {
+        "mode": args.mode,
+        "format": args.format,
+        "after": args.after,
+        "branches": args.branches,
+    }
     if args.consumer:
         params["consumer"] = args.consumer
     written = 0
@@ -229,6 +234,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     export.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
     export.add_argument("--out", type=Path, required=True)
     export.add_argument("--after", type=int, default=0, help="export cursor to start after")
+    export.add_argument(
+        "--branches",
+        choices=["final", "all"],
+        default="final",
+        help="all: also branches a retry superseded (abandoned), flagged in the branch column",
+    )
     export.add_argument("--consumer", help="deliver only sessions this consumer has not acked")
     export.add_argument("--ack", action="store_true", help="ack the written sessions (needs --consumer)")
     export.add_argument(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import numpy as np
@@ -77,6 +77,13 @@ class TitoClient:
             body["call_rewards"] = {str(k): v for k, v in call_rewards.items()}
         self._json(self._http.post(f"/sessions/{session_id}/reward", json=body))
 
+    def trajectory(self, session_id: str, *, branches: Literal["final", "all"] = "final") -> dict[str, Any]:
+        """One session's branches; `branches="all"` adds the abandoned ones (each row says its `branch`)."""
+        result: dict[str, Any] = self._json(
+            self._http.get(f"/sessions/{session_id}/trajectory", params={"branches": branches})
+        )
+        return result
+
     def finish(self, session_id: str) -> None:
         self._json(self._http.post(f"/sessions/{session_id}/finish"))
 
@@ -91,10 +98,17 @@ class TitoClient:
         )
 
     def iter_samples(
-        self, mode: str = "merged", *, consumer: str | None = None, ack: bool = False, after: int = 0
+        self,
+        mode: str = "merged",
+        *,
+        consumer: str | None = None,
+        ack: bool = False,
+        after: int = 0,
+        branches: Literal["final", "all"] = "final",
     ) -> Iterator[dict[str, Any]]:
-        """Exported rows as they stream. With ack, each session is acked once all its rows were yielded."""
-        params: dict[str, Any] = {"mode": mode, "format": "jsonl", "after": after}
+        """Exported rows as they stream. With ack, each session is acked once all its rows were yielded.
+        `branches="all"` adds abandoned branches (superseded by a retry), flagged in `branch`."""
+        params: dict[str, Any] = {"mode": mode, "format": "jsonl", "after": after, "branches": branches}
         if consumer is not None:
             params["consumer"] = consumer
         if ack and consumer is None:

@@ -13,6 +13,7 @@ from proxy.api.deps import StateDep
 from proxy.api.schemas import MAX_DB_INTEGER, RowId
 from proxy.app_state import AppState
 from proxy.errors import InvalidRequest
+from proxy.export.branches import BranchFilter
 from proxy.export.formats import jsonl, parquet_stream, require_pyarrow
 from proxy.export.samples import merged_rows, stepwise_rows
 from proxy.store.repository import Repository
@@ -29,7 +30,7 @@ class AckBody(BaseModel):
 
 
 async def export_pages(
-    state: AppState, mode: str, after: int, consumer: str | None
+    state: AppState, mode: str, after: int, consumer: str | None, branches: BranchFilter = "final"
 ) -> AsyncIterator[list[dict[str, Any]]]:
     """Rows page by page; each page holds PAGE_SESSIONS sessions, so memory stays bounded."""
     cursor = after
@@ -43,9 +44,9 @@ async def export_pages(
         rows: list[dict[str, Any]] = []
         for seq, session, calls in batch:
             built = (
-                merged_rows(session, calls, state.renderer, state.settings.drift_report)
+                merged_rows(session, calls, state.renderer, state.settings.drift_report, branches)
                 if mode == "merged"
-                else stepwise_rows(session, calls)
+                else stepwise_rows(session, calls, branches)
             )
             rows.extend({"cursor": seq, **row} for row in built)
             cursor = seq
@@ -61,10 +62,12 @@ async def export(
     status: Literal["finished"] = "finished",
     after: int = Query(default=0, ge=0, le=MAX_DB_INTEGER),
     consumer: str | None = Query(default=None, min_length=1, max_length=128),
+    branches: BranchFilter = "final",
 ) -> StreamingResponse:
-    """Finished sessions after cursor `after`; with `consumer`, only those it has not acked."""
+    """Finished sessions after cursor `after`; with `consumer`, only those it has not acked;
+    abandoned branches (a retry the harness went on with superseded them) only with `branches=all`."""
     require_pyarrow(format)
-    pages = export_pages(state, mode, after, consumer)
+    pages = export_pages(state, mode, after, consumer, branches)
     if format == "parquet":
         return StreamingResponse(parquet_stream(mode, pages), media_type="application/vnd.apache.parquet")
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from proxy.api.deps import StateDep, check_session_id
 from proxy.api.schemas import RowId
 from proxy.errors import Conflict, InvalidRequest, NotFound
+from proxy.export.branches import BranchFilter
 from proxy.export.trajectory import build_trajectories
 from proxy.store.models import SessionRow
 from proxy.store.repository import Repository
@@ -127,7 +128,8 @@ async def set_reward(session_id: str, body: RewardBody, state: StateDep) -> dict
 
 
 @router.get("/{session_id}/trajectory")
-async def trajectory(session_id: str, state: StateDep) -> dict[str, Any]:
+async def trajectory(session_id: str, state: StateDep, branches: BranchFilter = "final") -> dict[str, Any]:
+    """The session's branches, each flagged; abandoned ones only with `branches=all`."""
     async with state.db_sessions() as db:
         repo = Repository(db)
         session = await _session(repo, session_id)
@@ -138,5 +140,6 @@ async def trajectory(session_id: str, state: StateDep) -> dict[str, Any]:
         drift_mode=state.settings.drift_report,
         template_now=session.template_now,
         session_id=session_id,
+        branches=branches,
     )
     return {"session_id": session_id, "segments": [t.as_json() for t in trajectories]}

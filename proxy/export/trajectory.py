@@ -4,7 +4,8 @@ Per segment path: prompt_ids are the first call's prompt; response_ids interleav
 sampled output (loss mask 1, the engine's logprobs) with the ids the next call added (observation,
 separator, generation prompt, synthesized close: mask 0, logprob 0.0). The prompt sent to the
 engine for call k is always prompt_ids + response_ids[:offset_k] (invariant I6). Each trajectory
-carries a drift report against a fresh render of its messages.
+carries a drift report against a fresh render of its messages, and its branch label (branches.py):
+abandoned branches are left out unless asked for.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from proxy.chat.renderer import Renderer
 from proxy.errors import TemplateError
+from proxy.export.branches import Branch, BranchFilter, branch_labels, kept
 from proxy.export.drift import DriftClassifier, DriftMode, StreamFacts, report
 from proxy.store.codec import unpack_ids, unpack_logprobs
 from proxy.store.models import CallRow
@@ -34,6 +36,7 @@ class SegmentTrajectory:
     loss_mask: list[int]
     rollout_logprobs: list[float]
     boundary_edits: list[dict[str, Any]]
+    branch: Branch = "final"
     drift: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
@@ -47,6 +50,7 @@ class SegmentTrajectory:
             "rollout_logprobs": self.rollout_logprobs,
             "finish_reasons": [c.finish_reason for c in self.calls],
             "boundary_edits": self.boundary_edits,
+            "branch": self.branch,
             "drift": self.drift,
         }
 
@@ -58,7 +62,7 @@ def _path(leaf: CallRow, by_id: dict[int, CallRow]) -> list[CallRow]:
     return chain[::-1]
 
 
-def _assemble(chain: list[CallRow]) -> SegmentTrajectory:
+def _assemble(chain: list[CallRow], branch: Branch) -> SegmentTrajectory:
     prompt = unpack_ids(chain[0].prompt_added).tolist()
     response: list[int] = []
     mask: list[int] = []
@@ -79,7 +83,7 @@ def _assemble(chain: list[CallRow]) -> SegmentTrajectory:
         response.extend(output)
         mask.extend([1] * len(output))
         logprobs.extend(unpack_logprobs(call.output_logprobs))
-    return SegmentTrajectory(chain[-1].segment_id, chain, prompt, response, mask, logprobs, edits)
+    return SegmentTrajectory(chain[-1].segment_id, chain, prompt, response, mask, logprobs, edits, branch)
 
 
 def drift_report(
@@ -122,16 +126,19 @@ def build_trajectories(
     drift_mode: DriftMode = "disable",
     template_now: datetime | None = None,
     session_id: str = "",
+    branches: BranchFilter = "final",
 ) -> list[SegmentTrajectory]:
-    """One trajectory per leaf of every segment, in recording order. Aborted calls are left out."""
+    """One trajectory per leaf of every segment, in recording order, abandoned ones only with
+    `branches="all"`. Aborted calls are left out."""
     done = [c for c in calls if c.status == "ok"]
     by_id = {c.id: c for c in done}
     has_child = {c.parent_id for c in done if c.parent_id is not None}
+    labels = branch_labels(done)
     trajectories = []
     for leaf in done:
-        if leaf.id in has_child:
+        if leaf.id in has_child or not kept(labels[leaf.id], branches):
             continue
-        trajectory = _assemble(_path(leaf, by_id))
+        trajectory = _assemble(_path(leaf, by_id), labels[leaf.id])
         if renderer is not None and drift_mode != "disable" and template_now is not None:
             drift = drift_report(trajectory, renderer, drift_mode, template_now)
             trajectory = SegmentTrajectory(**{**trajectory.__dict__, "drift": drift})

@@ -263,3 +263,101 @@ def test_export_command_writes_parquet_and_acks(proxy_url: str, engine: FakeSGLa
     assert pq.read_table(out).column("session_id").to_pylist() == ["cli"]
     assert "acked 1 sessions" in result.stdout
     assert _export(proxy_url, consumer="cli") == []
+
+
+def _say(engine: FakeSGLang, tok: Tokenizer, text: str) -> ScriptedOutput:
+    return engine.push([*tok.encode(text, add_special_tokens=False).ids, token_id(tok, "<|im_end|>")])
+
+
+def _turn(url: str, session: str, messages: list[dict[str, Any]], **extra: Any) -> list[dict[str, Any]]:
+    body = {"model": "m", "messages": messages, "max_tokens": 32, **extra}
+    response = httpx.post(f"{url}/sessions/{session}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return [c["message"] for c in sorted(response.json()["choices"], key=lambda c: c["index"])]
+
+
+def _text(row: dict[str, Any], tok: Tokenizer) -> str:
+    return tok.decode(row["response_ids"], skip_special_tokens=False)
+
+
+def test_a_retried_turn_is_exported_once_with_the_abandoned_attempt_only_on_request(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    outputs = [_say(engine, qwen_tokenizer, "turn one")]
+    history += [*_turn(proxy_url, "retry", history), {"role": "user", "content": "next"}]
+    outputs.append(_say(engine, qwen_tokenizer, "attempt A"))
+    _turn(proxy_url, "retry", history)  # the harness drops this answer and sends the turn again
+    outputs.append(_say(engine, qwen_tokenizer, "attempt B"))
+    history += [*_turn(proxy_url, "retry", history), {"role": "user", "content": "more"}]
+    outputs.append(_say(engine, qwen_tokenizer, "the end"))
+    _turn(proxy_url, "retry", history)
+    with TitoClient(proxy_url) as client:
+        client.reward("retry", 1.0)
+        client.finish("retry")
+        [kept] = _export(proxy_url)
+        assert (kept["branch"], kept["num_calls"]) == ("final", 3)
+        assert "attempt B" in _text(kept, qwen_tokenizer)
+        assert "attempt A" not in _text(kept, qwen_tokenizer)
+        sent = [engine.requests[k] for k in (0, 2, 3)]
+        assert_invariants(kept, sent, [outputs[k] for k in (0, 2, 3)])
+        every = _export(proxy_url, branches="all")
+        assert [(r["branch"], r["num_calls"]) for r in every] == [("abandoned", 2), ("final", 3)]
+        assert "attempt A" in _text(every[0], qwen_tokenizer)
+        assert every[1] == kept
+        assert [r["branch"] for r in client.iter_samples(branches="all")] == ["abandoned", "final"]
+        # Step-wise keeps the same calls: the abandoned attempt's step only on request.
+        steps = _export(proxy_url, mode="stepwise")
+        assert [s["call_id"] for s in steps] == kept["call_ids"]
+        assert [s["is_last_step"] for s in steps] == [False, False, True]
+        all_steps = _export(proxy_url, mode="stepwise", branches="all")
+        assert [s["branch"] for s in all_steps] == ["final", "abandoned", "final", "final"]
+        [rebuilt] = merge_steps(steps)
+        for key in ("prompt_ids", "response_ids", "loss_mask", "rollout_logprobs", "call_ids", "branch"):
+            assert rebuilt[key] == kept[key]
+        trajectory = client.trajectory("retry")
+        assert [s["branch"] for s in trajectory["segments"]] == ["final"]
+        assert [s["branch"] for s in client.trajectory("retry", branches="all")["segments"]] == [
+            "abandoned",
+            "final",
+        ]
+    bad = httpx.get(f"{proxy_url}/export", params={"branches": "some"})
+    assert bad.status_code == 400, bad.text
+    out = tmp_path / "rows.jsonl"
+    command = [sys.executable, "-m", "proxy", "export", "--url", proxy_url, "--out", str(out)]
+    for extra, expected in (([], ["final"]), (["--branches", "all"], ["abandoned", "final"])):
+        result = subprocess.run([*command, *extra], capture_output=True, text=True, timeout=120, check=False)
+        assert result.returncode == 0, result.stderr
+        assert [orjson.loads(line)["branch"] for line in out.read_bytes().splitlines()] == expected
+    table = pq.read_table(
+        io.BytesIO(httpx.get(f"{proxy_url}/export", params={"format": "parquet", "branches": "all"}).content)
+    )
+    assert table.column("branch").to_pylist() == ["abandoned", "final"]
+
+
+def test_n_choices_are_all_exported_as_samples_beside_the_continued_one(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    _say(engine, qwen_tokenizer, "option one")
+    _say(engine, qwen_tokenizer, "option two")
+    choices = _turn(proxy_url, "n2", history, n=2)
+    kept = next(c for c in choices if c["content"] == "option two")
+    _say(engine, qwen_tokenizer, "went on")
+    _turn(proxy_url, "n2", [*history, kept, {"role": "user", "content": "more"}])
+    # The last turn has two choices too, neither continued: the first is the final one.
+    _say(engine, qwen_tokenizer, "solo")
+    history = [{"role": "user", "content": "alone"}]
+    _say(engine, qwen_tokenizer, "solo")
+    _turn(proxy_url, "n2-last", history, n=2)
+    for sid in ("n2", "n2-last"):
+        httpx.post(f"{proxy_url}/sessions/{sid}/finish")
+    rows = _export(proxy_url)
+    assert _export(proxy_url, branches="all") == rows  # no abandoned branch: samples are kept
+    first = [r for r in rows if r["session_id"] == "n2"]
+    assert sorted((r["branch"], r["num_calls"]) for r in first) == [("final", 2), ("sample", 1)]
+    final = next(r for r in first if r["branch"] == "final")
+    assert "option two" in _text(final, qwen_tokenizer)
+    assert [r["branch"] for r in rows if r["session_id"] == "n2-last"] == ["final", "sample"]
+    steps = _export(proxy_url, mode="stepwise")
+    assert sorted(s["branch"] for s in steps if s["session_id"] == "n2") == ["final", "final", "sample"]
