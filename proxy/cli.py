@@ -25,6 +25,11 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument(
         "--model", type=Path, help="local model dir (local engine); its tokenizer is the default"
     )
+    serve.add_argument(
+        "--local-max-new-tokens",
+        type=int,
+        help="local engine: tokens sampled for a request without max_tokens (default 512)",
+    )
     serve.add_argument("--tokenizer", type=Path, help="local Hugging Face tokenizer dir with a chat template")
     serve.add_argument("--served-model-name", help="model name reported by /v1/models")
     serve.add_argument("--context-length", type=int, help="override the engine's context length")
@@ -39,6 +44,11 @@ def _serve_parser(sub: Any) -> None:
     )
     serve.add_argument(
         "--session-idle-timeout-s", type=float, help="finish sessions idle this long (default 3600)"
+    )
+    serve.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        help="on SIGTERM, seconds turns in flight get to finish before they are cancelled (default 10)",
     )
     serve.add_argument(
         "--stream-keepalive-s", type=float, help="keepalive comment interval on silent streams (default 15)"
@@ -65,6 +75,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "engine_url",
         "engine_timeout_s",
         "model",
+        "local_max_new_tokens",
         "tokenizer",
         "served_model_name",
         "context_length",
@@ -76,6 +87,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "drift_report",
         "tool_parser",
         "session_idle_timeout_s",
+        "shutdown_grace_s",
         "stream_keepalive_s",
         "api_key",
         "admin_key",
@@ -98,7 +110,14 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        # Turns in flight may finish; then they are cancelled (the local engine stops between tokens).
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
+    )
     return 0
 
 
