@@ -251,3 +251,12 @@ def test_seed_is_sent_to_sglang_as_its_sampling_seed(
     assert "seed" not in sent
     [call] = httpx.get(f"{proxy_url}/sessions/seed/trajectory").json()["segments"]
     assert call["num_calls"] == 1
+
+
+@pytest.mark.parametrize("seed", [2**63, -(2**63) - 1, 2**70])
+def test_a_seed_outside_int64_is_a_400(proxy_url: str, engine: FakeSGLang, seed: int) -> None:
+    body = {"model": "m", "messages": USER, "seed": seed}
+    response = httpx.post(f"{proxy_url}/sessions/seed/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "seed"
+    assert engine.requests == []
