@@ -226,11 +226,12 @@ async def _choice_events(
     finally:
         if pending is not None and not pending.done():
             pending.cancel()
-        if not finished and not invalid:
-            # The client left or the engine failed: stop sampling, and keep what was sampled as aborted.
+        if not finished:
+            # The client left or the engine failed: stop sampling, and keep what was sampled as aborted
+            # (unless the engine's answer failed the checks: none of it is kept).
             with anyio.CancelScope(shield=True):
                 await engine.abort(request_id)
-                if ids:
+                if ids and not invalid:
                     partial = Generation(
                         ids,
                         logprobs,
