@@ -170,3 +170,31 @@ def test_an_aborted_call_records_no_openai_finish_reason(
         rows = connection.execute("select status, finish_reason, finish_detail from calls").fetchall()
     aborted = [(status, reason, json.loads(detail)["openai"]) for status, reason, detail in rows]
     assert aborted == [("aborted", "abort", None), ("aborted", "abort", None)]
+
+
+def test_the_stand_in_answers_at_the_limits_as_sglang_was_measured_to(
+    engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    engine.context_length = 2048
+    url = engine.url  # type: ignore[attr-defined]
+    refused = {"input_ids": [FILLER] * 2042, "sampling_params": {"max_new_tokens": 1}, "rid": "r1"}
+    plain = httpx.post(f"{url}/generate", json=refused, timeout=30)
+    assert plain.status_code == 400
+    assert plain.json()["error"]["message"].startswith(
+        "Input length (2042 tokens) exceeds the maximum allowed length (2042 tokens)."
+    )
+    streamed = httpx.post(f"{url}/generate", json={**refused, "stream": True}, timeout=30)
+    assert streamed.status_code == 200
+    events = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    [chunk] = [json.loads(event) for event in events[:-1]]
+    assert chunk["output_ids"] == [0]
+    assert chunk["meta_info"]["output_token_logprobs"] == []
+    finish = chunk["meta_info"]["finish_reason"]
+    assert (finish["type"], finish["status_code"], finish["err_type"]) == ("abort", 400, "BadRequestError")
+    # Generation is capped at context - 2 - input tokens, whatever max_new_tokens says.
+    engine.push(qwen_tokenizer.encode(" word" * 60).ids[:60])
+    capped = {"input_ids": [FILLER] * 2000, "sampling_params": {"max_new_tokens": 48}}
+    answer = httpx.post(f"{url}/generate", json=capped, timeout=30).json()
+    assert len(answer["output_ids"]) == 46
+    assert answer["meta_info"]["finish_reason"] == {"type": "length", "length": 46}
