@@ -48,7 +48,7 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument(
         "--shutdown-grace-s",
         type=float,
-        help="on SIGTERM, seconds turns in flight get to finish before they are cancelled (default 10)",
+        help="on SIGTERM, seconds turns in flight get to finish before they are cancelled (default 5)",
     )
     serve.add_argument(
         "--stream-keepalive-s", type=float, help="keepalive comment interval on silent streams (default 15)"

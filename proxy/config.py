@@ -35,7 +35,7 @@ class Settings(BaseSettings):
     session_idle_timeout_s: float = Field(default=3600.0, ge=0)
     # On SIGTERM, turns in flight get this long to finish; then they are cancelled (a stream's partial
     # turn recorded as aborted) and the server exits.
-    shutdown_grace_s: float = Field(default=10.0, ge=0)
+    shutdown_grace_s: float = Field(default=5.0, ge=0)
     # exact: continue with the sampled tokens; template: a fresh render wins whenever they differ.
     history_mode: Literal["exact", "template"] = "exact"
     drift_report: Literal["strict", "ignore_strippable", "disable"] = "strict"
