@@ -255,6 +255,7 @@ class LocalEngine:
         cancel = self._streams[request_id] = threading.Event()
         run = asyncio.ensure_future(self._run(input_ids, params, cancel, on_token))
         run.add_done_callback(_retrieved)
+        waiter: asyncio.Future[StreamChunk] | None = None
         try:
             # The thread's token callbacks reach the loop before its result does: none is lost.
             while not (run.done() and sampled.empty()):
@@ -266,16 +267,13 @@ class LocalEngine:
                 if waiter.done():
                     yield waiter.result()
                 else:
-                    waiter.cancel()
+                    waiter.cancel()  # the run ended with every chunk already taken
             generation = run.result()
-            yield StreamChunk(
-                [],
-                [],
-                generation.finish,
-                generation.weight_version,
-                top_logprobs=None if generation.top_logprobs is None else [],
-            )
+            top: list[TopLogprobs] | None = None if generation.top_logprobs is None else []
+            yield StreamChunk([], [], generation.finish, generation.weight_version, top_logprobs=top)
         finally:
+            if waiter is not None:
+                waiter.cancel()  # left waiting when the consumer stopped early
             cancel.set()  # a no-op once finished; else the thread stops at its next token
             self._streams.pop(request_id, None)
 
