@@ -98,8 +98,8 @@ class TurnResult:
 
 
 def _finish_for_openai(generation: Generation, output: ParsedOutput) -> str | None:
-    """The finish_reason the client is answered with; None for an aborted call, whose client got an
-    error and no finish reason."""
+    """The finish_reason the client is answered with; None for an aborted generation, whose client
+    got an error and no finish reason."""
     if generation.finish.kind == "abort":
         return None
     if generation.finish.kind == "length":
@@ -273,7 +273,8 @@ class TurnRunner:
         plan, request = turn.plan, turn.request
         output = self.parse(generation, reasoning_open=turn.reasoning_open, parser=turn.parser)
         reply = output.as_message()
-        finish = _finish_for_openai(generation, output)
+        # Only a call answered "ok" gave its client a finish reason.
+        finish = _finish_for_openai(generation, output) if status == "ok" else None
         call = NewCall(
             session_id=turn.session_id,
             segment_id=plan.parent.segment_id if plan.parent is not None else None,
