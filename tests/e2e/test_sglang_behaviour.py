@@ -102,6 +102,19 @@ def test_sglangs_own_length_refusal_is_a_400_context_length_exceeded(
         assert httpx.get(f"{url}/sessions/adm/trajectory").status_code == 404
 
 
+def test_a_refused_stream_of_n_choices_is_one_http_error_and_every_choice_is_aborted(
+    start_proxy: ProxyFactory, engine: FakeSGLang
+) -> None:
+    engine.context_length, engine.kv_capacity = 4096, 1024
+    with start_proxy() as url:
+        body = {"model": "m", "prompt": [FILLER] * 1500, "max_tokens": 8, "n": 3}
+        status, lines = _streamed(url, "/sessions/n/v1/completions", body)
+    assert status == 400, lines
+    assert json.loads(lines[0])["error"]["code"] == "context_length_exceeded"
+    assert sorted(engine.aborted) == sorted(r["rid"] for r in engine.requests)
+    assert len(engine.aborted) == 3
+
+
 def test_an_error_event_at_the_start_of_a_stream_is_the_unstreamed_error(
     start_proxy: ProxyFactory, engine: FakeSGLang
 ) -> None:
