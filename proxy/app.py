@@ -21,6 +21,7 @@ from proxy.chat.renderer import Renderer
 from proxy.chat.tokenizer import load_tokenizer_files
 from proxy.config import Settings
 from proxy.engines.base import Engine
+from proxy.engines.checked import CheckedEngine
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.store.database import create_engine, session_factory, upgrade_to_head
 from proxy.store.repository import Repository, utcnow
@@ -35,7 +36,7 @@ def build_engine(settings: Settings) -> Engine:
         from proxy.engines.local import LocalEngine
 
         assert settings.model is not None
-        return LocalEngine(settings.model)
+        return LocalEngine(settings.model, default_max_new_tokens=settings.local_max_new_tokens)
     from proxy.engines.sglang import SGLangEngine
 
     return SGLangEngine(settings.engine_url, timeout_s=settings.engine_timeout_s)
@@ -49,13 +50,16 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         await upgrade_to_head(settings.db)
         db_engine = create_engine(settings.db)
         renderer = Renderer(load_tokenizer_files(settings.tokenizer_dir))
-        inference = engine or build_engine(settings)
+        # Every engine answer passes the checks before it is recorded or streamed.
+        inference = CheckedEngine(engine or build_engine(settings), vocab_size=renderer.vocab_size)
         context_length = settings.context_length
-        if context_length is None:
-            try:
-                context_length = (await inference.info()).context_length
-            except ProxyError as exc:
-                log.warning("engine info unavailable at start (%s); context length unchecked", exc.message)
+        engine_version: str | None = None
+        try:
+            info = await inference.info()
+            engine_version = info.weight_version
+            context_length = context_length or info.context_length
+        except ProxyError as exc:
+            log.warning("engine info unavailable at start (%s)", exc.message)
         verdict = renderer.verdict
         log.info(
             "template self-test: closes %s, separator %r, appends %s, dated %s; context %s; engine %s",
@@ -88,8 +92,9 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             context_length=context_length,
         )
         async with db_sessions() as db:
-            app.state.proxy.turns.trainer_weight_version = await Repository(db).get_setting(
-                admin.WEIGHT_VERSION_KEY
+            # Until the trainer sets one, calls whose answer names no version get the engine's at start.
+            app.state.proxy.turns.trainer_weight_version = (
+                await Repository(db).get_setting(admin.WEIGHT_VERSION_KEY) or engine_version
             )
         sweeper = asyncio.create_task(_finish_idle_sessions(app.state.proxy))
         try:

@@ -26,6 +26,11 @@ def _serve_parser(sub: Any) -> None:
         "--model", type=Path, help="local model dir (local engine); its tokenizer is the default"
     )
     serve.add_argument(
+        "--local-max-new-tokens",
+        type=int,
+        help="local engine: tokens sampled for a request without max_tokens (default 512)",
+    )
+    serve.add_argument(
         "--tokenizer",
         type=Path,
         help="Hugging Face tokenizer dir with a chat template, or a model id (org/name[@revision]) "
@@ -44,6 +49,11 @@ def _serve_parser(sub: Any) -> None:
     )
     serve.add_argument(
         "--session-idle-timeout-s", type=float, help="finish sessions idle this long (default 3600)"
+    )
+    serve.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        help="on SIGTERM, seconds turns in flight get to finish before they are cancelled (default 5)",
     )
     serve.add_argument(
         "--stream-keepalive-s", type=float, help="keepalive comment interval on silent streams (default 15)"
@@ -76,6 +86,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "engine_url",
         "engine_timeout_s",
         "model",
+        "local_max_new_tokens",
         "tokenizer",
         "served_model_name",
         "context_length",
@@ -87,6 +98,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "drift_report",
         "tool_parser",
         "session_idle_timeout_s",
+        "shutdown_grace_s",
         "stream_keepalive_s",
         "api_key",
         "admin_key",
@@ -110,7 +122,14 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        # Turns in flight may finish; then they are cancelled (the local engine stops between tokens).
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
+    )
     return 0
 
 

@@ -23,6 +23,8 @@ class Settings(BaseSettings):
     engine_url: str = "http://127.0.0.1:30000"
     engine_timeout_s: float = Field(default=600.0, gt=0)
     model: Path | None = None
+    # The local engine's max_new_tokens for a request without max_tokens (it samples one turn at a time).
+    local_max_new_tokens: int = Field(default=512, gt=0)
     tokenizer: Path | None = None
     served_model_name: str | None = None
     context_length: int | None = Field(default=None, gt=0)
@@ -34,6 +36,9 @@ class Settings(BaseSettings):
     stream_keepalive_s: float = Field(default=15.0, gt=0)
     # Sessions with no call for this long are finished (and so exported); 0 turns it off.
     session_idle_timeout_s: float = Field(default=3600.0, ge=0)
+    # On SIGTERM, turns in flight get this long to finish; then they are cancelled (a stream's partial
+    # turn recorded as aborted) and the server exits.
+    shutdown_grace_s: float = Field(default=5.0, ge=0)
     # exact: continue with the sampled tokens; template: a fresh render wins whenever they differ.
     history_mode: Literal["exact", "template"] = "exact"
     drift_report: Literal["strict", "ignore_strippable", "disable"] = "strict"

@@ -11,6 +11,7 @@ ProxyError                      500 server_error
 ├── Conflict                    409 conflict_error (a session id that is taken, or deleted mid-turn)
 ├── RecordFailed                503 code=record_failed (the database refused a turn's commit)
 └── EngineError                 502 engine_error (bad answer from the engine)
+    ├── InvalidEngineAnswer     502 (ids, logprobs or finish reason that fail the checks: never recorded)
     ├── EngineUnavailable       503 (cannot connect, or the engine says it is not ready)
     └── EngineTimeout           504
 """
@@ -91,6 +92,10 @@ class EngineError(ProxyError):
     status_code = 502
     error_type = "engine_error"
     default_code = "bad_gateway"
+
+
+class InvalidEngineAnswer(EngineError):
+    """The engine answered ids, logprobs or a finish reason the proxy must not record."""
 
 
 class EngineUnavailable(EngineError):

@@ -90,14 +90,18 @@ class TurnResult:
     call_id: int
     session_id: str
     output: ParsedOutput
-    finish_reason: str
+    finish_reason: str | None  # None: aborted, answered with an error
     prompt_tokens: int
     completion_tokens: int
     generation: Generation
     choice_index: int = 0
 
 
-def _finish_for_openai(generation: Generation, output: ParsedOutput) -> str:
+def _finish_for_openai(generation: Generation, output: ParsedOutput) -> str | None:
+    """The finish_reason the client is answered with; None for an aborted generation, whose client
+    got an error and no finish reason."""
+    if generation.finish.kind == "abort":
+        return None
     if generation.finish.kind == "length":
         return "length"
     return "tool_calls" if output.tool_calls else "stop"
@@ -269,7 +273,8 @@ class TurnRunner:
         plan, request = turn.plan, turn.request
         output = self.parse(generation, reasoning_open=turn.reasoning_open, parser=turn.parser)
         reply = output.as_message()
-        finish = _finish_for_openai(generation, output)
+        # Only a call answered "ok" gave its client a finish reason.
+        finish = _finish_for_openai(generation, output) if status == "ok" else None
         call = NewCall(
             session_id=turn.session_id,
             segment_id=plan.parent.segment_id if plan.parent is not None else None,
@@ -439,24 +444,32 @@ class TurnRunner:
         )
 
     def _bounded_sampling(self, request: TurnRequest, prompt_len: int) -> SamplingParams:
+        """The sampling parameters with max_new_tokens set, within the engine's own limits: a turn the
+        proxy accepts is one the engine accepts, and it samples at most max_tokens, never fewer
+        because the engine quietly capped them."""
         params = request.sampling
+        limits = self.engine.limits
+        default = limits.default_max_new_tokens
+        requested = request.max_tokens_requested
         if self.context_length is None:
-            return params
-        room = self.context_length - prompt_len
-        if room <= 0:
+            return params if requested is not None or default is None else _replace_max(params, default)
+        longest = limits.longest_prompt(self.context_length)
+        if prompt_len > longest:
             raise ContextLengthExceeded(
-                f"This model's maximum context length is {self.context_length} tokens, but the prompt has "
-                f"{prompt_len} tokens.",
+                f"This model's maximum context length is {self.context_length} tokens, and the engine "
+                f"takes prompts of at most {longest} tokens; the prompt has {prompt_len} tokens.",
                 param="messages",
             )
-        requested = request.max_tokens_requested
+        room = limits.room(self.context_length, prompt_len)
         if requested is not None and requested > room:
             raise ContextLengthExceeded(
                 f"This model's maximum context length is {self.context_length} tokens. The prompt has "
                 f"{prompt_len} tokens and {requested} completion tokens were requested; at most {room} fit.",
                 param="max_tokens",
             )
-        return params if requested is not None else _replace_max(params, room)
+        if requested is not None:
+            return params
+        return _replace_max(params, room if default is None else min(room, default))
 
     def output_text(self, output_ids: Sequence[int], finish: FinishReason | None) -> str:
         """The text of sampled ids as parsers see it: special tokens kept, the stop token and a matched

@@ -64,7 +64,9 @@ async def answer(
                 )
         elif stream:
             turn = await state.turns.prepare(session_id, request)
-            streams = await open_streams(state.engine, turn, request.choices)
+            streams = await open_streams(
+                state.engine, turn, request.choices, admission_wait_s=options.keepalive_s
+            )
             events = sse_events(
                 turns=state.turns,
                 engine=state.engine,

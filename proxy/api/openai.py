@@ -28,12 +28,9 @@ router = APIRouter(prefix="/v1", tags=["openai"], route_class=OrjsonRoute)
 def sampling_params(
     body: Any, *, stop_token_ids: tuple[int, ...], state: AppState, top_logprobs: int = 0
 ) -> SamplingParams:
-    """The request's sampling fields as SGLang's, shared by chat and text completions."""
-    if body.seed is not None and state.engine.name != "local":
-        raise UnsupportedParameter(
-            "seed is only honoured by the local engine (SGLang needs --enable-deterministic-inference)",
-            param="seed",
-        )
+    """The request's sampling fields as SGLang's, shared by chat and text completions. `seed` is best
+    effort as in OpenAI's API: SGLang's sampling_seed, deterministic only on a server started with
+    --enable-deterministic-inference."""
     return SamplingParams(
         max_new_tokens=body.requested_max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,

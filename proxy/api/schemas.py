@@ -126,7 +126,7 @@ class SamplingRequest(BaseModel):
     n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)  # int64, as SGLang and torch take it
 
     @field_validator("stop")
     @classmethod

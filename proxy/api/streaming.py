@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ from proxy.chat.parsing import OutputParser
 from proxy.chat.streaming import StreamedMessage
 from proxy.chat.token_pieces import TokenPieces
 from proxy.engines.base import Engine, FinishReason, Generation, StreamChunk, TopLogprobs
-from proxy.errors import ProxyError
+from proxy.errors import InvalidEngineAnswer, ProxyError
 from proxy.turns import PreparedTurn, TurnResult, TurnRunner
 
 log = logging.getLogger("tito_proxy.stream")
@@ -162,6 +162,7 @@ async def _choice_events(
     version: str | None = None
     meta: dict[str, Any] = {}
     finished = False
+    invalid = False  # the engine's answer failed the checks: nothing of it is recorded
     pending: asyncio.Future[StreamChunk] | None = None
     yield writer.delta({"role": "assistant", "content": ""}, index=index)
     try:
@@ -220,15 +221,17 @@ async def _choice_events(
             yield writer.delta({}, finish_reason=result.finish_reason, index=index, logprobs=rest)
             break
     except ProxyError as exc:
+        invalid = isinstance(exc, InvalidEngineAnswer)
         yield sse(exc.envelope())
     finally:
         if pending is not None and not pending.done():
             pending.cancel()
         if not finished:
-            # The client left or the engine failed: stop sampling, and keep what was sampled as aborted.
+            # The client left or the engine failed: stop sampling, and keep what was sampled as aborted
+            # (unless the engine's answer failed the checks: none of it is kept).
             with anyio.CancelScope(shield=True):
                 await engine.abort(request_id)
-                if ids:
+                if ids and not invalid:
                     partial = Generation(
                         ids,
                         logprobs,
@@ -240,22 +243,65 @@ async def _choice_events(
 
 
 async def open_streams(
-    engine: Engine, turn: PreparedTurn, count: int
+    engine: Engine, turn: PreparedTurn, count: int, *, admission_wait_s: float
 ) -> list[tuple[str, AsyncIterator[StreamChunk]]]:
-    """One engine stream per choice. Opening raises before any byte is sent when the engine refuses;
-    the streams already opened are then aborted."""
-    streams: list[tuple[str, AsyncIterator[StreamChunk]]] = []
+    """One engine stream per choice. Opening raises before any byte is sent when the engine refuses,
+    also when it refuses in a stream's first event (SGLang's admission checks) that comes within
+    `admission_wait_s`; the streams already opened are then aborted."""
+    opened: list[tuple[str, AsyncIterator[StreamChunk]]] = []
+    firsts: list[asyncio.Future[StreamChunk]] = []
     try:
         for _ in range(count):
             request_id = uuid.uuid4().hex  # fixed length: SGLang aborts by rid prefix
-            streams.append((request_id, await engine.stream(turn.plan.prompt, turn.params, request_id)))
+            opened.append((request_id, await engine.stream(turn.plan.prompt, turn.params, request_id)))
+        firsts = [asyncio.ensure_future(chunks.__anext__()) for _, chunks in opened]
+        await asyncio.wait(firsts, timeout=admission_wait_s, return_when=asyncio.FIRST_EXCEPTION)
+        for first in firsts:
+            error = first.exception() if first.done() and not first.cancelled() else None
+            if isinstance(error, ProxyError):
+                raise error
     except BaseException:
         with anyio.CancelScope(shield=True):
-            for request_id, chunks in streams:
+            for first in firsts:
+                await _settled(first)
+            for request_id, chunks in opened:
                 await engine.abort(request_id)
-                await chunks.aclose()  # type: ignore[attr-defined]
+                await _closed(chunks)
         raise
-    return streams
+    return [
+        (request_id, _resumed(first, chunks))
+        for (request_id, chunks), first in zip(opened, firsts, strict=True)
+    ]
+
+
+async def _resumed(
+    first: asyncio.Future[StreamChunk], chunks: AsyncIterator[StreamChunk]
+) -> AsyncIterator[StreamChunk]:
+    """A stream whose first chunk was already asked for."""
+    try:
+        try:
+            yield await first
+        except StopAsyncIteration:
+            return
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        with anyio.CancelScope(shield=True):
+            await _settled(first)
+            await _closed(chunks)
+
+
+async def _settled(future: asyncio.Future[Any]) -> None:
+    """The future cancelled if it still runs, and done: its generator may then be closed."""
+    if not future.done():
+        future.cancel()
+    with contextlib.suppress(BaseException):
+        await future
+
+
+async def _closed(chunks: AsyncIterator[StreamChunk]) -> None:
+    if isinstance(chunks, AsyncGenerator):
+        await chunks.aclose()
 
 
 async def _merged(streams: list[AsyncIterator[bytes]]) -> AsyncIterator[bytes]:

@@ -94,6 +94,25 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class ContextLimits:
+    """What of its context length an engine lets a prompt and its output take (engines differ)."""
+
+    # Context tokens a prompt never gets: the longest prompt accepted is context_length - prompt_reserve.
+    prompt_reserve: int = 1
+    # Context tokens generation never gets: it may sample context_length - output_reserve - prompt.
+    output_reserve: int = 0
+    # max_new_tokens for a request that sets none; None: up to the room left.
+    default_max_new_tokens: int | None = None
+
+    def longest_prompt(self, context_length: int) -> int:
+        return context_length - self.prompt_reserve
+
+    def room(self, context_length: int, prompt_len: int) -> int:
+        """The most tokens the engine will sample after a prompt of this length."""
+        return context_length - self.output_reserve - prompt_len
+
+
+@dataclass(frozen=True)
 class EngineInfo:
     model: str
     context_length: int | None
@@ -118,6 +137,8 @@ class Engine(Protocol):
     name: str
     # Whether SamplingParams.constraint (grammar-constrained sampling) is honoured.
     supports_constraints: bool
+    # The engine's own context budget, so that a turn the proxy accepts is one the engine accepts.
+    limits: ContextLimits
 
     async def generate(self, input_ids: PromptIds, params: SamplingParams) -> Generation: ...
 

@@ -1,18 +1,22 @@
 """A built-in CPU engine on transformers: slow, exact, and good for trying the proxy without a GPU.
 
 It samples token by token with a KV cache and reports logprobs the way SGLang does:
-log_softmax(logits / temperature), taken before top-k/top-p/min-p truncation.
+log_softmax(logits / temperature), taken before top-k/top-p/min-p truncation. One request samples at
+a time (a lock shared by all sessions), so every generation is bounded (a default max_new_tokens) and
+cancellable between tokens: a request that is cancelled or aborted, or a server shutting down, stops
+it and frees the lock for the next.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from proxy.engines.base import (
+    ContextLimits,
     EngineInfo,
     FinishReason,
     Generation,
@@ -21,7 +25,15 @@ from proxy.engines.base import (
     StreamChunk,
     TopLogprobs,
 )
-from proxy.errors import InvalidRequest
+from proxy.errors import EngineError, InvalidRequest
+
+# max_new_tokens of a request that sets no max_tokens: a CPU turn up to the whole context would hold
+# the lock for hours.
+DEFAULT_MAX_NEW_TOKENS = 512
+# How often a request waiting for the lock checks whether it was cancelled.
+_LOCK_POLL_S = 0.05
+# Called from the sampling thread with each sampled token, its logprob and its alternatives.
+OnToken = Callable[[int, float, TopLogprobs | None], None]
 
 
 class LocalEngine:
@@ -30,7 +42,13 @@ class LocalEngine:
     name = "local"
     supports_constraints = False
 
-    def __init__(self, model_dir: Path, *, weight_version: str | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        weight_version: str | None = None,
+        default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    ) -> None:
         try:
             import torch
             from transformers import AutoModelForCausalLM
@@ -51,21 +69,62 @@ class LocalEngine:
             tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
         )
         self._weight_version = weight_version
+        self.limits = ContextLimits(default_max_new_tokens=default_max_new_tokens)
         self._lock = threading.Lock()
+        # The cancel flag of every generation in flight, and of the streams by request id.
+        self._running: set[threading.Event] = set()
+        self._streams: dict[str, threading.Event] = {}
 
-    async def generate(self, prompt: PromptIds, params: SamplingParams) -> Generation:
+    def _prompt(self, prompt: PromptIds) -> list[int]:
         input_ids = [int(token) for token in prompt]
         if not input_ids:
             raise InvalidRequest("empty prompt")
         if max(input_ids) >= self._vocab_size or min(input_ids) < 0:
             raise InvalidRequest("prompt holds a token id outside the model's vocabulary")
-        return await asyncio.to_thread(self._generate_blocking, input_ids, params)
+        return input_ids
 
-    def _generate_blocking(self, input_ids: list[int], params: SamplingParams) -> Generation:
-        with self._lock, self._torch.inference_mode():
-            return self._sample(input_ids, params)
+    async def generate(self, prompt: PromptIds, params: SamplingParams) -> Generation:
+        return await self._run(self._prompt(prompt), params, threading.Event(), None)
 
-    def _sample(self, input_ids: list[int], params: SamplingParams) -> Generation:
+    async def _run(
+        self, input_ids: list[int], params: SamplingParams, cancel: threading.Event, on_token: OnToken | None
+    ) -> Generation:
+        """Sample in a worker thread; if the caller is cancelled, the thread stops at its next token."""
+        self._running.add(cancel)
+        try:
+            return await asyncio.to_thread(self._generate_blocking, input_ids, params, cancel, on_token)
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
+        finally:
+            self._running.discard(cancel)
+
+    def _generate_blocking(
+        self, input_ids: list[int], params: SamplingParams, cancel: threading.Event, on_token: OnToken | None
+    ) -> Generation:
+        while not self._lock.acquire(timeout=_LOCK_POLL_S):
+            if cancel.is_set():
+                return self._aborted([], [], None)
+        try:
+            with self._torch.inference_mode():
+                return self._sample(input_ids, params, cancel, on_token)
+        except RuntimeError as exc:  # e.g. a NaN in the logits: torch refuses to sample
+            raise EngineError(f"the local engine failed to sample: {exc}") from exc
+        finally:
+            self._lock.release()
+
+    def _aborted(self, output: list[int], logprobs: list[float], top: list[TopLogprobs] | None) -> Generation:
+        return Generation(
+            output_ids=output,
+            logprobs=logprobs,
+            finish=FinishReason("abort", message="cancelled"),
+            weight_version=self._weight_version,
+            top_logprobs=top,
+        )
+
+    def _sample(
+        self, input_ids: list[int], params: SamplingParams, cancel: threading.Event, on_token: OnToken | None
+    ) -> Generation:
         torch = self._torch
         generator = torch.Generator()
         if params.seed is not None:
@@ -82,8 +141,10 @@ class LocalEngine:
         finish = FinishReason("length")
         budget = params.max_new_tokens
         if budget is None:
-            budget = (self._context_length or len(input_ids) + 1024) - len(input_ids)
+            budget = self.limits.default_max_new_tokens or DEFAULT_MAX_NEW_TOKENS
         for _ in range(max(budget, 0)):
+            if cancel.is_set():
+                return self._aborted(output, logprobs, top if params.top_logprobs else None)
             result = self._model(input_ids=step_input, past_key_values=past, use_cache=True)
             past = result.past_key_values
             logits = result.logits[0, -1].float()
@@ -91,6 +152,8 @@ class LocalEngine:
             token, logprob = self._pick(logits, params, generator)
             if params.top_logprobs:
                 top.append(self._alternatives(logits, params))
+            if on_token is not None:
+                on_token(token, logprob, top[-1] if params.top_logprobs else None)
             output.append(token)
             logprobs.append(logprob)
             counts[token] = counts.get(token, 0) + 1
@@ -176,12 +239,48 @@ class LocalEngine:
     async def stream(
         self, input_ids: PromptIds, params: SamplingParams, request_id: str
     ) -> AsyncIterator[StreamChunk]:
-        # The CPU engine samples the whole turn, then hands it over as one chunk.
-        generation = await self.generate(input_ids, params)
-        return _single_chunk(generation)
+        return self._chunks(self._prompt(input_ids), params, request_id)
+
+    async def _chunks(
+        self, input_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[StreamChunk]:
+        """One chunk per sampled token as the thread samples it, then one with the finish reason."""
+        loop = asyncio.get_running_loop()
+        sampled: asyncio.Queue[StreamChunk] = asyncio.Queue()
+
+        def on_token(token: int, logprob: float, top: TopLogprobs | None) -> None:
+            chunk = StreamChunk([token], [logprob], top_logprobs=None if top is None else [top])
+            loop.call_soon_threadsafe(sampled.put_nowait, chunk)
+
+        cancel = self._streams[request_id] = threading.Event()
+        run = asyncio.ensure_future(self._run(input_ids, params, cancel, on_token))
+        run.add_done_callback(_retrieved)
+        waiter: asyncio.Future[StreamChunk] | None = None
+        try:
+            # The thread's token callbacks reach the loop before its result does: none is lost.
+            while not (run.done() and sampled.empty()):
+                if not sampled.empty():
+                    yield sampled.get_nowait()
+                    continue
+                waiter = asyncio.ensure_future(sampled.get())
+                await asyncio.wait({waiter, run}, return_when=asyncio.FIRST_COMPLETED)
+                if waiter.done():
+                    yield waiter.result()
+                else:
+                    waiter.cancel()  # the run ended with every chunk already taken
+            generation = run.result()
+            top: list[TopLogprobs] | None = None if generation.top_logprobs is None else []
+            yield StreamChunk([], [], generation.finish, generation.weight_version, top_logprobs=top)
+        finally:
+            if waiter is not None:
+                waiter.cancel()  # left waiting when the consumer stopped early
+            cancel.set()  # a no-op once finished; else the thread stops at its next token
+            self._streams.pop(request_id, None)
 
     async def abort(self, request_id: str) -> None:
-        return None
+        cancel = self._streams.get(request_id)
+        if cancel is not None:
+            cancel.set()
 
     async def info(self) -> EngineInfo:
         return EngineInfo(
@@ -194,14 +293,12 @@ class LocalEngine:
         return True
 
     async def aclose(self) -> None:
-        return None
+        # Shutting down: whatever still samples stops at its next token, so the process can exit.
+        for cancel in [*self._running, *self._streams.values()]:
+            cancel.set()
 
 
-async def _single_chunk(generation: Generation) -> AsyncIterator[StreamChunk]:
-    yield StreamChunk(
-        generation.output_ids,
-        generation.logprobs,
-        generation.finish,
-        generation.weight_version,
-        top_logprobs=generation.top_logprobs,
-    )
+def _retrieved(run: asyncio.Future[Generation]) -> None:
+    """Marks a finished run's outcome as seen: a stream closed early never reads it."""
+    if not run.cancelled():
+        run.exception()

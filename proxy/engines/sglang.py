@@ -12,6 +12,7 @@ import orjson
 from yarl import URL
 
 from proxy.engines.base import (
+    ContextLimits,
     EngineInfo,
     FinishReason,
     Generation,
@@ -20,13 +21,26 @@ from proxy.engines.base import (
     StreamChunk,
     TopLogprobs,
 )
-from proxy.errors import EngineError, EngineTimeout, EngineUnavailable, InvalidRequest
+from proxy.errors import (
+    ContextLengthExceeded,
+    EngineError,
+    EngineTimeout,
+    EngineUnavailable,
+    InvalidEngineAnswer,
+    InvalidRequest,
+    ProxyError,
+)
 
 # A stream line may hold a whole cumulative output with its logprobs: far past aiohttp's line limit.
 _MAX_STREAM_LINE = 64 * 1024 * 1024
 # Below uvicorn's 5 s keep-alive (SGLang serves with it): a pooled connection is never reused just as
 # the engine closes it.
 _KEEPALIVE_S = 4.0
+# Measured on SGLang 0.5.23: inputs of context - 6 tokens or more are refused (max_req_input_len),
+# and generation is capped at context - 2 - input tokens (max_req_len - input - 1).
+SGLANG_LIMITS = ContextLimits(prompt_reserve=7, output_reserve=2)
+# How SGLang words a refusal for length (tokenizer manager and scheduler).
+_CONTEXT_MESSAGES = ("context length", "maximum allowed length")
 
 
 def _error_message(status: int, content: bytes) -> str:
@@ -43,9 +57,21 @@ def _error_message(status: int, content: bytes) -> str:
     return str(body)[:500]
 
 
+def refusal(status: int, message: str) -> ProxyError:
+    """The error for an engine's refusal, the same whether it came as an HTTP status, a streamed
+    abort carrying a status_code, or a streamed error event carrying a code."""
+    if status == 400:
+        if any(phrase in message for phrase in _CONTEXT_MESSAGES):
+            return ContextLengthExceeded(f"the engine refused the length: {message}", param="messages")
+        return InvalidRequest(f"the engine rejected the request: {message}", code="engine_rejected")
+    if status == 503:
+        return EngineUnavailable(f"the engine is not ready: {message}")
+    return EngineError(f"the engine answered HTTP {status}: {message}")
+
+
 def _finish_reason(raw: Any) -> FinishReason:
     if not isinstance(raw, dict):
-        raise EngineError(f"SGLang returned an unexpected finish_reason: {raw!r}")
+        raise InvalidEngineAnswer(f"SGLang returned an unexpected finish_reason: {raw!r}")
     kind = raw.get("type")
     if kind == "stop":
         matched = raw.get("matched")
@@ -56,22 +82,41 @@ def _finish_reason(raw: Any) -> FinishReason:
         return FinishReason("length")
     if kind == "abort":
         return FinishReason("abort", message=str(raw.get("message") or "aborted"))
-    raise EngineError(f"SGLang returned an unknown finish_reason type: {kind!r}")
+    raise InvalidEngineAnswer(f"SGLang returned an unknown finish_reason type: {kind!r}")
+
+
+def _raise_if_refused(raw_finish: Any) -> None:
+    """A refusal SGLang reports as an abort with a status code (streamed: HTTP 200, a fake output id
+    0 and no logprobs): read it before anything else of the answer."""
+    if isinstance(raw_finish, dict) and raw_finish.get("type") == "abort":
+        status = raw_finish.get("status_code")
+        if type(status) is int and status >= 400:
+            raise refusal(status, str(raw_finish.get("message") or "aborted"))
 
 
 def _top_logprobs(raw: Any, count: int) -> list[TopLogprobs]:
     """`output_top_logprobs`: per position, a list of [logprob, token_id, text] entries."""
     if not isinstance(raw, list) or len(raw) != count:
-        raise EngineError("SGLang response has no output_top_logprobs aligned with output_ids")
+        raise InvalidEngineAnswer("SGLang response has no output_top_logprobs aligned with output_ids")
     positions: list[TopLogprobs] = []
     for entries in raw:
-        if not isinstance(entries, list) or not all(
-            isinstance(e, list) and len(e) >= 2 and isinstance(e[0], int | float) and isinstance(e[1], int)
-            for e in entries
-        ):
-            raise EngineError("SGLang returned a malformed top-logprob entry")
-        positions.append([(int(e[1]), float(e[0])) for e in entries])
+        if not isinstance(entries, list) or not all(isinstance(e, list) and len(e) >= 2 for e in entries):
+            raise InvalidEngineAnswer("SGLang returned a malformed top-logprob entry")
+        # As sent: the types are checked with everything else (proxy/engines/checked.py).
+        positions.append([(e[1], e[0]) for e in entries])
     return positions
+
+
+def _aligned_logprobs(output_ids: list[Any], entries: Any) -> list[Any]:
+    """The logprob of each output id, from its [logprob, token_id, text] entry."""
+    if not isinstance(entries, list) or len(entries) != len(output_ids):
+        raise InvalidEngineAnswer("SGLang returned output_token_logprobs not aligned with output_ids")
+    if any(
+        not isinstance(entry, list) or len(entry) < 2 or entry[1] != token_id
+        for token_id, entry in zip(output_ids, entries, strict=True)
+    ):
+        raise InvalidEngineAnswer("SGLang returned a logprob entry that does not match its output id")
+    return [entry[0] for entry in entries]
 
 
 def _json(payload: dict[str, Any]) -> bytes:
@@ -99,24 +144,13 @@ def _request_payload(
 def parse_generation(body: Any, *, top_logprobs: bool = False) -> Generation:
     """Turn one /generate response object into a Generation, checking every field we rely on."""
     if not isinstance(body, dict):
-        raise EngineError("SGLang returned a non-object response")
+        raise InvalidEngineAnswer("SGLang returned a non-object response")
     meta = body.get("meta_info")
     output_ids = body.get("output_ids")
     if not isinstance(meta, dict) or not isinstance(output_ids, list):
-        raise EngineError("SGLang response lacks output_ids or meta_info")
-    entries = meta.get("output_token_logprobs")
-    if not isinstance(entries, list) or len(entries) != len(output_ids):
-        raise EngineError("SGLang response has no output_token_logprobs aligned with output_ids")
-    logprobs: list[float] = []
-    for token_id, entry in zip(output_ids, entries, strict=True):
-        if not isinstance(entry, list) or len(entry) < 2 or entry[1] != token_id:
-            raise EngineError("SGLang logprob entry does not match its output id")
-        value = entry[0]
-        if not isinstance(value, int | float):
-            raise EngineError("SGLang returned a non-numeric logprob for an output token")
-        logprobs.append(float(value))
-    if not all(isinstance(t, int) for t in output_ids):
-        raise EngineError("SGLang returned non-integer output ids")
+        raise InvalidEngineAnswer("SGLang response lacks output_ids or meta_info")
+    _raise_if_refused(meta.get("finish_reason"))
+    logprobs = _aligned_logprobs(output_ids, meta.get("output_token_logprobs"))
     version = meta.get("weight_version")
     cached = meta.get("cached_tokens")
     kept_meta = {
@@ -125,7 +159,7 @@ def parse_generation(body: Any, *, top_logprobs: bool = False) -> Generation:
         if k in meta
     }
     return Generation(
-        output_ids=list(output_ids),
+        output_ids=output_ids,
         logprobs=logprobs,
         finish=_finish_reason(meta.get("finish_reason")),
         weight_version=str(version) if version is not None else None,
@@ -142,6 +176,7 @@ class SGLangEngine:
 
     name = "sglang"
     supports_constraints = True
+    limits = SGLANG_LIMITS
 
     def __init__(self, base_url: str, *, timeout_s: float) -> None:
         self._base_url = base_url.rstrip("/")
@@ -181,12 +216,7 @@ class SGLangEngine:
             content = b""
         finally:
             response.release()
-        message = _error_message(response.status, content)
-        if response.status == 400:
-            raise InvalidRequest(f"the engine rejected the request: {message}", code="engine_rejected")
-        if response.status == 503:
-            raise EngineUnavailable(f"the engine is not ready: {message}")
-        raise EngineError(f"the engine answered HTTP {response.status}: {message}")
+        raise refusal(response.status, _error_message(response.status, content))
 
     async def generate(self, input_ids: PromptIds, params: SamplingParams) -> Generation:
         payload = _request_payload(input_ids, params, uuid.uuid4().hex, stream=False)
@@ -241,9 +271,7 @@ class SGLangEngine:
                 except orjson.JSONDecodeError as exc:
                     raise EngineError("the engine streamed malformed JSON") from exc
                 if isinstance(body, dict) and "error" in body:
-                    error = body["error"]
-                    message = error.get("message") if isinstance(error, dict) else str(error)
-                    raise EngineError(f"the engine failed mid-stream: {message}")
+                    raise _stream_error(body["error"])
                 chunk, held = _stream_chunk(body, held, top_logprobs=top_logprobs)
                 if chunk.finish is not None:
                     finished = True
@@ -319,6 +347,16 @@ class SGLangEngine:
             await self._client.close()
 
 
+def _stream_error(error: Any) -> ProxyError:
+    """An error event in a stream: {"message", "type", "code": <HTTP status>}, SGLang's errors found
+    after the stream began (measured); answered as the same error unstreamed."""
+    message = str(error.get("message") if isinstance(error, dict) else error)
+    code = error.get("code") if isinstance(error, dict) else None
+    if type(code) is int and code >= 400:
+        return refusal(code, message)
+    return EngineError(f"the engine failed mid-stream: {message}")
+
+
 async def lines_of(blocks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """The lines of a body read in blocks, however long (aiohttp's own line reader stops at 64 KiB)."""
     partial = bytearray()  # the start of a line whose end has not arrived
@@ -343,10 +381,14 @@ def _stream_chunk(body: Any, held: int, *, top_logprobs: bool) -> tuple[StreamCh
     """One SSE chunk as new ids: SGLang sends cumulative output by default, deltas with
     --incremental-streaming-output; completion_tokens is cumulative in both."""
     if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
-        raise EngineError("the engine streamed a chunk without meta_info")
+        raise InvalidEngineAnswer("the engine streamed a chunk without meta_info")
     meta = body["meta_info"]
+    raw_finish = meta.get("finish_reason")
+    _raise_if_refused(raw_finish)  # its output id 0 is no sampled token
     ids = body.get("output_ids") or []
     entries = meta.get("output_token_logprobs") or []
+    if not isinstance(ids, list) or not isinstance(entries, list):
+        raise InvalidEngineAnswer("the engine streamed output_ids or logprobs that are not lists")
     total = meta.get("completion_tokens")
     cumulative = isinstance(total, int) and total == len(ids) and len(ids) >= held
     new_ids, new_entries = (ids[held:], entries[held:]) if cumulative else (ids, entries)
@@ -354,15 +396,10 @@ def _stream_chunk(body: Any, held: int, *, top_logprobs: bool) -> tuple[StreamCh
     if top_logprobs:
         raw_top = meta.get("output_top_logprobs") or []
         top = _top_logprobs(raw_top[held:] if cumulative else raw_top, len(new_ids))
-    if len(new_entries) != len(new_ids) or any(
-        not isinstance(e, list) or len(e) < 2 or e[1] != t for t, e in zip(new_ids, new_entries, strict=False)
-    ):
-        raise EngineError("the engine streamed logprobs that do not match its output ids")
-    raw_finish = meta.get("finish_reason")
     version = meta.get("weight_version")
     chunk = StreamChunk(
-        output_ids=[int(t) for t in new_ids],
-        logprobs=[float(e[0]) for e in new_entries],
+        output_ids=new_ids,
+        logprobs=_aligned_logprobs(new_ids, new_entries),
         finish=_finish_reason(raw_finish) if raw_finish is not None else None,
         weight_version=str(version) if version is not None else None,
         meta={

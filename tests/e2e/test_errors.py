@@ -35,7 +35,6 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
         ({"model": "m", "messages": USER, "stream_options": {"include_usage": True}}, "stream_options", None),
         ({"model": "m", "messages": USER, "logit_bias": {"1": 2}}, "logit_bias", "unsupported_parameter"),
         ({"model": "m", "messages": USER, "n": 65}, "n", "invalid_value"),
-        ({"model": "m", "messages": USER, "seed": 3}, "seed", "unsupported_parameter"),
         ({"model": "m", "messages": USER, "tool_choice": "required"}, "tool_choice", None),
         (
             {"model": "m", "messages": USER, "tools": [TOOL], "tool_choice": {"function": {"name": "nope"}}},

@@ -147,3 +147,106 @@ def test_a_session_deleted_while_its_turn_runs_gets_a_conflict_and_nothing_of_th
     assert error["code"] == "conflict"
     assert "deleted" in error["message"]
     _nothing_recorded(proxy_url, "gone")
+
+
+def _stream_lines(url: str, session: str, **extra: Any) -> tuple[int, list[str]]:
+    """A streamed chat turn: its HTTP status and its data lines (an error answer's body if not 200)."""
+    body = {"model": "m", "messages": USER, "stream": True, **extra}
+    with httpx.stream(
+        "POST", f"{url}/sessions/{session}/v1/chat/completions", json=body, timeout=30
+    ) as response:
+        lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+        if response.status_code != 200:
+            return response.status_code, [response.read().decode()]
+    return 200, lines
+
+
+def _calls_by_status(url: str, session: str) -> dict[str, int]:
+    response = httpx.get(f"{url}/sessions/{session}")
+    if response.status_code == 404:
+        return {}
+    found: dict[str, int] = response.json()["calls_by_status"]
+    return found
+
+
+# Each answer is wrong in one way an engine could get wrong: (ids, logprobs, finish override).
+BAD_ANSWERS: dict[str, tuple[list[Any], list[Any], dict[str, Any] | None]] = {
+    "id_past_the_vocabulary": ([9707, 151669], [-0.5, -0.5], None),
+    "negative_id": ([9707, -3], [-0.5, -0.5], None),
+    "id_past_int32": ([9707, 2**40], [-0.5, -0.5], None),
+    "float_id": ([9707, 11.0], [-0.5, -0.5], None),
+    "bool_id": ([9707, True], [-0.5, -0.5], None),
+    "bool_logprob": ([9707, 11], [-0.5, False], None),
+    "string_logprob": ([9707, 11], [-0.5, "-0.5"], None),
+    "unknown_finish_reason": ([9707, 11], [-0.5, -0.5], {"type": "timeout"}),
+    "finish_reason_not_an_object": ([9707, 11], [-0.5, -0.5], "stop"),  # type: ignore[dict-item]
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("case", sorted(BAD_ANSWERS))
+def test_a_bad_engine_answer_is_a_502_and_nothing_is_recorded(
+    proxy_url: str, engine: FakeSGLang, case: str, stream: bool
+) -> None:
+    ids, logprobs, finish = BAD_ANSWERS[case]
+    engine.push(ids, logprobs, finish=finish)
+    if stream:
+        status, lines = _stream_lines(proxy_url, "bad")
+        if status == 200:  # found after the first byte: an error event, then [DONE]
+            assert lines[-1] == "[DONE]"
+            error = json.loads(lines[-2])["error"]
+            assert not any('"finish_reason":"' in line for line in lines)
+        else:
+            assert status == 502
+            error = json.loads(lines[0])["error"]
+    else:
+        response = httpx.post(
+            f"{proxy_url}/sessions/bad/v1/chat/completions", json={"model": "m", "messages": USER}, timeout=30
+        )
+        assert response.status_code == 502, response.text
+        error = response.json()["error"]
+    assert error["type"] == "engine_error"
+    assert error["code"] == "bad_gateway"
+    # Nothing of a bad answer is recorded, so nothing of it is exported or continued.
+    _nothing_recorded(proxy_url, "bad")
+
+
+def test_a_bad_id_deep_in_a_stream_is_an_error_event_and_nothing_is_recorded(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    engine.push([*qwen_tokenizer.encode(" word" * 6).ids, 151669 + 7, token_id(qwen_tokenizer, "<|im_end|>")])
+    status, lines = _stream_lines(proxy_url, "deep")
+    assert status == 200
+    assert lines[-1] == "[DONE]"
+    error = json.loads(lines[-2])["error"]
+    assert (error["type"], error["code"]) == ("engine_error", "bad_gateway")
+    assert "vocabulary" in error["message"]
+    _nothing_recorded(proxy_url, "deep")
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_a_stream_ending_without_a_finish_reason_is_an_error_and_kept_as_aborted(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, incremental: bool
+) -> None:
+    engine.fault, engine.incremental = "no_finish", incremental
+    engine.push(qwen_tokenizer.encode(" word" * 5).ids)
+    status, lines = _stream_lines(proxy_url, "nofin")
+    assert status == 200
+    assert lines[-1] == "[DONE]"
+    error = json.loads(lines[-2])["error"]
+    assert error["type"] == "engine_error"
+    assert "finish reason" in error["message"]
+    assert not any('"finish_reason":"' in line for line in lines)
+    # Like every other stream fault: the partial turn is kept as aborted, never exported.
+    assert _calls_by_status(proxy_url, "nofin") == {"aborted": 1}
+    assert segments(proxy_url, "nofin") == []
+
+
+def test_a_plain_answer_without_a_finish_reason_is_a_502(proxy_url: str, engine: FakeSGLang) -> None:
+    engine.fault = "no_finish"
+    response = httpx.post(
+        f"{proxy_url}/sessions/nofin/v1/chat/completions", json={"model": "m", "messages": USER}, timeout=30
+    )
+    assert response.status_code == 502, response.text
+    assert "finish" in response.json()["error"]["message"]
+    _nothing_recorded(proxy_url, "nofin")

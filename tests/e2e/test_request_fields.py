@@ -235,3 +235,28 @@ def test_a_retry_sent_while_the_original_runs_waits_for_it(
     assert [a.status_code for a in answers] == [200, 200, 200]
     assert len(engine.requests) == 1
     assert len({json.dumps(a.json()["choices"]) for a in answers}) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_seed_is_sent_to_sglang_as_its_sampling_seed(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, stream: bool
+) -> None:
+    # OpenAI's seed is best effort; harnesses (smolagents, ...) set it. SGLang's key is sampling_seed.
+    _script(engine, qwen_tokenizer, "seeded")
+    body = {"model": "m", "messages": USER, "seed": 1234, "stream": stream}
+    response = httpx.post(f"{proxy_url}/sessions/seed/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    sent = engine.requests[-1]["sampling_params"]
+    assert sent["sampling_seed"] == 1234
+    assert "seed" not in sent
+    [call] = httpx.get(f"{proxy_url}/sessions/seed/trajectory").json()["segments"]
+    assert call["num_calls"] == 1
+
+
+@pytest.mark.parametrize("seed", [2**63, -(2**63) - 1, 2**70])
+def test_a_seed_outside_int64_is_a_400(proxy_url: str, engine: FakeSGLang, seed: int) -> None:
+    body = {"model": "m", "messages": USER, "seed": seed}
+    response = httpx.post(f"{proxy_url}/sessions/seed/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "seed"
+    assert engine.requests == []

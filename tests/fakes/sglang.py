@@ -55,6 +55,8 @@ class ScriptedOutput:
     ids: list[int]
     logprobs: list[float]
     weight_version: str | None = None
+    # Sent as meta_info.finish_reason instead of the one the stop rules give (bad answers under test).
+    finish: dict[str, Any] | None = None
 
 
 @dataclass
@@ -69,28 +71,53 @@ class FakeSGLang:
     requests: list[dict[str, Any]] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     crashed: bool = False
+    # Tokens the KV cache holds; below the context length it lowers SGLang's input limit too.
+    kv_capacity: int | None = None
     incremental: bool = False  # like --incremental-streaming-output: chunks carry deltas
     chunk_delay_s: float = 0.0  # pause between streamed chunks
     stream_closed: bool = False  # set when a client went away mid-stream
-    # A fault for every /generate call: "http500", "malformed_json", "hang", "cut_stream".
+    # A fault for every /generate call: "http500", "malformed_json", "hang", "cut_stream",
+    # "late_error" (a stream that is only an error event, as SGLang sends errors found after admission),
+    # "error_mid_stream" (the same after the first chunk), "no_finish" (chunks that never carry a
+    # finish reason, then [DONE]).
     fault: str | None = None
     hang_s: float = 30.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def push(self, ids: list[int], logprobs: list[float] | None = None) -> ScriptedOutput:
+    def push(
+        self, ids: list[Any], logprobs: list[Any] | None = None, *, finish: dict[str, Any] | None = None
+    ) -> ScriptedOutput:
         if logprobs is None:
             logprobs = [-0.01 * (i % 97 + 1) for i in range(len(ids))]
-        scripted = ScriptedOutput(list(ids), list(logprobs))
+        scripted = ScriptedOutput(list(ids), list(logprobs), finish=finish)
         self.script.append(scripted)
         return scripted
+
+    @property
+    def max_req_input_len(self) -> int:
+        """SGLang's scheduler refuses inputs of this many tokens or more (measured: 2042 of 2048)."""
+        capacity = self.context_length if self.kv_capacity is None else self.kv_capacity
+        return min(self.context_length - 1, capacity - 1) - 5
+
+    @property
+    def max_req_len(self) -> int:
+        return min(self.context_length - 1, (self.kv_capacity or self.context_length) - 1)
 
     def _default_output(self) -> ScriptedOutput:
         ids = [*self.tokenizer.encode("ok", add_special_tokens=False).ids, self.eos_ids[0]]
         return ScriptedOutput(ids, [-0.5] * len(ids))
 
-    def _sample(self, params: dict[str, Any]) -> tuple[list[int], list[float], dict[str, Any]]:
+    def _sample(self, params: dict[str, Any]) -> tuple[list[int], list[float], dict[str, Any] | None]:
         with self._lock:
             scripted = self.script.popleft() if self.script else self._default_output()
+        ids, logprobs, finish = self._cut(scripted, params)
+        if self.fault == "no_finish":
+            return ids, logprobs, None
+        return ids, logprobs, scripted.finish or finish
+
+    def _cut(
+        self, scripted: ScriptedOutput, params: dict[str, Any]
+    ) -> tuple[list[int], list[float], dict[str, Any]]:
         stop_ids = set(params.get("stop_token_ids") or []) | (
             set() if params.get("ignore_eos") else set(self.eos_ids)
         )
@@ -106,11 +133,17 @@ class FakeSGLang:
             logprobs.append(logprob)
             if token in stop_ids:
                 return ids, logprobs, {"type": "stop", "matched": token}
-            text = self.tokenizer.decode(ids, skip_special_tokens=False)
+            text = self._text(ids, skip_special_tokens=False)
             for stop in stops:
                 if stop in text:
                     return ids, logprobs, {"type": "stop", "matched": stop}
         return ids, logprobs, {"type": "length", "length": len(ids)}
+
+    def _text(self, ids: list[Any], *, skip_special_tokens: bool) -> str:
+        """The text of the ids; "" for scripted ids that are no tokens (bad answers under test)."""
+        if not all(type(t) is int and 0 <= t < self.vocab_size for t in ids):
+            return ""
+        return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def _top(self, ids: list[int], logprobs: list[float], count: int) -> list[list[list[Any]]]:
         """Alternatives as SGLang sends them: the sampled token first, then made-up runners-up."""
@@ -151,20 +184,22 @@ class FakeSGLang:
         top_p = params.get("top_p", 1.0)
         if temperature < 0 or not 0 < top_p <= 1:
             return JSONResponse({"error": {"message": "invalid sampling parameters"}}, status_code=400)
-        if len(input_ids) >= self.context_length:
+        refused = self._refusal(input_ids, params.get("max_new_tokens", 128))
+        if refused is not None:
+            return refused
+        if len(input_ids) >= self.max_req_input_len:
+            # Refused by the scheduler, after the tokenizer manager admitted it.
             message = (
-                f"The input ({len(input_ids)} tokens) is longer than the model's context length "
-                f"({self.context_length} tokens)."
+                f"Input length ({len(input_ids)} tokens) exceeds the maximum allowed length "
+                f"({self.max_req_input_len} tokens). Use a shorter input or enable --allow-auto-truncate."
             )
+            if body.get("stream"):
+                return StreamingResponse(self._admission_abort(body, message), media_type="text/event-stream")
             return JSONResponse({"error": {"message": message}}, status_code=400)
+        # The scheduler caps generation at the room left, whatever max_new_tokens says (measured).
+        cap = self.max_req_len - len(input_ids) - 1
         max_new = params.get("max_new_tokens", 128)
-        if max_new is not None and len(input_ids) + max_new > self.context_length:
-            return JSONResponse(
-                {"error": {"message": "Requested token count exceeds the model's maximum context length"}},
-                status_code=400,
-            )
-        if max_new is None:
-            params = {**params, "max_new_tokens": self.context_length - len(input_ids)}
+        params = {**params, "max_new_tokens": cap if max_new is None else min(max_new, cap)}
         ids, logprobs, finish = self._sample(params)
         top_count = int(body.get("top_logprobs_num") or 0)
         if body.get("stream"):
@@ -173,13 +208,13 @@ class FakeSGLang:
             )
         meta_top = {"output_top_logprobs": self._top(ids, logprobs, top_count)} if top_count else {}
         text_ids = (
-            ids[:-1] if finish.get("type") == "stop" and isinstance(finish.get("matched"), int) else ids
+            ids[:-1]
+            if finish is not None and finish.get("type") == "stop" and isinstance(finish.get("matched"), int)
+            else ids
         )
         return JSONResponse(
             {
-                "text": self.tokenizer.decode(
-                    text_ids, skip_special_tokens=params.get("skip_special_tokens", True)
-                ),
+                "text": self._text(text_ids, skip_special_tokens=params.get("skip_special_tokens", True)),
                 "output_ids": ids,
                 "meta_info": {
                     "id": body.get("rid") or uuid.uuid4().hex,
@@ -195,6 +230,55 @@ class FakeSGLang:
                 },
             }
         )
+
+    def _error_event(self) -> str:
+        """An error SGLang finds after admitting a stream: an event in the 200 stream (measured)."""
+        error = {
+            "message": "Requested token count exceeds the model's maximum context length",
+            "type": "invalid_request_error",
+            "code": 400,
+            "retryable": False,
+        }
+        return f"data: {json.dumps({'error': error})}\n\n"
+
+    def _refusal(self, input_ids: list[int], max_new: int | None) -> Response | None:
+        """The tokenizer manager's checks: plain HTTP 400s, streamed or not."""
+        if len(input_ids) >= self.context_length:
+            message = (
+                f"The input ({len(input_ids)} tokens) is longer than the model's context length "
+                f"({self.context_length} tokens)."
+            )
+            return JSONResponse({"error": {"message": message}}, status_code=400)
+        if max_new is not None and len(input_ids) + max_new > self.context_length:
+            return JSONResponse(
+                {"error": {"message": "Requested token count exceeds the model's maximum context length"}},
+                status_code=400,
+            )
+        return None
+
+    async def _admission_abort(self, body: dict[str, Any], message: str) -> Any:
+        """A streamed refusal at admission as SGLang 0.5.23 sends it: HTTP 200, one chunk with a fake
+        output id 0 and no logprobs, an abort finish reason with the status code, then [DONE]."""
+        chunk = {
+            "text": "",
+            "output_ids": [0],
+            "meta_info": {
+                "id": body.get("rid"),
+                "finish_reason": {
+                    "type": "abort",
+                    "message": message,
+                    "status_code": 400,
+                    "err_type": "BadRequestError",
+                },
+                "prompt_tokens": 1,
+                "weight_version": self.weight_version,
+                "output_token_logprobs": [],
+                "completion_tokens": 1,
+                "cached_tokens": 0,
+            },
+        }
+        yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
 
     def _meta(
         self,
@@ -224,10 +308,14 @@ class FakeSGLang:
         prompt: list[int],
         ids: list[int],
         logprobs: list[float],
-        finish: dict[str, Any],
+        finish: dict[str, Any] | None,
     ) -> Any:
         """SSE as SGLang sends it: cumulative chunks by default, one token each here."""
         try:
+            if self.fault == "late_error":
+                yield self._error_event()
+                yield "data: [DONE]\n\n"
+                return
             for end in range(1, len(ids) + 1):
                 start = end - 1 if self.incremental else 0
                 last = end == len(ids)
@@ -239,6 +327,9 @@ class FakeSGLang:
                     ),
                 }
                 yield f"data: {json.dumps(chunk)}\n\n"
+                if self.fault == "error_mid_stream":
+                    yield self._error_event()
+                    break
                 if self.fault == "cut_stream" and end * 2 >= len(ids):
                     raise ConnectionResetError("the engine died mid-stream")
                 if self.chunk_delay_s:

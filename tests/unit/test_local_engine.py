@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from pathlib import Path
 
@@ -11,6 +12,15 @@ import pytest
 from proxy.demo_model import build_demo_model
 from proxy.engines.base import SamplingParams
 from proxy.engines.local import LocalEngine
+
+pytest.importorskip("torch")
+
+
+pytestmark = pytest.mark.slow
+
+# Far more tokens than a test waits for (the tiny model samples some 20 per second here): a run of
+# this length only ends within a test by being cancelled.
+ENDLESS = 10_000
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +110,111 @@ def test_local_engine_streams_its_turn(demo_model: Path, tmp_path: Path) -> None
     # Same seed, same tokens: the streamed text is the plain answer.
     assert text == plain["choices"][0]["message"]["content"]
     assert text
+
+
+def _prompt() -> list[int]:
+    return [151644, 872, 198, 6023, 151645]
+
+
+async def _next_generation_is_served(engine: LocalEngine) -> None:
+    """The lock is free again: a two-token request finishes in seconds, not after the long run."""
+    quick = SamplingParams(max_new_tokens=2, temperature=0.0)
+    result = await asyncio.wait_for(engine.generate(_prompt(), quick), timeout=30)
+    assert len(result.output_ids) == 2
+
+
+def test_a_cancelled_request_stops_sampling_and_frees_the_lock(demo_model: Path) -> None:
+    engine = LocalEngine(demo_model)
+
+    async def scenario() -> None:
+        endless = SamplingParams(max_new_tokens=ENDLESS, temperature=0.0)
+        running = asyncio.create_task(engine.generate(_prompt(), endless))
+        await asyncio.sleep(0.5)
+        running.cancel()  # what a server does to the request of a client that left, or at shutdown
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        await _next_generation_is_served(engine)
+
+    asyncio.run(scenario())
+
+
+def test_abort_stops_a_stream_between_tokens_and_keeps_what_was_sampled(demo_model: Path) -> None:
+    engine = LocalEngine(demo_model)
+
+    async def scenario() -> None:
+        endless = SamplingParams(max_new_tokens=ENDLESS, temperature=0.0)
+        chunks = await engine.stream(_prompt(), endless, "req-1")
+        sampled: list[int] = []
+        finish = None
+        async for chunk in chunks:
+            sampled += chunk.output_ids
+            assert len(chunk.output_ids) == len(chunk.logprobs)
+            if len(sampled) == 2:
+                await engine.abort("req-1")
+            if chunk.finish is not None:
+                finish = chunk.finish
+        assert finish is not None
+        assert finish.kind == "abort"
+        assert 2 <= len(sampled) < 50
+        await _next_generation_is_served(engine)
+
+    asyncio.run(scenario())
+
+
+def test_a_stream_streams_token_by_token(demo_model: Path) -> None:
+    engine = LocalEngine(demo_model)
+
+    async def scenario() -> list[list[int]]:
+        chunks = await engine.stream(_prompt(), SamplingParams(max_new_tokens=4, temperature=0.0), "r")
+        return [chunk.output_ids async for chunk in chunks]
+
+    pieces = asyncio.run(scenario())
+    assert [len(p) for p in pieces[:-1]] == [1] * (len(pieces) - 1)
+    assert pieces[-1] == []  # the last chunk carries the finish reason only
+    plain = asyncio.run(engine.generate(_prompt(), SamplingParams(max_new_tokens=4, temperature=0.0)))
+    assert [t for p in pieces for t in p] == plain.output_ids
+
+
+def test_a_request_without_max_tokens_gets_the_configured_bound(demo_model: Path, tmp_path: Path) -> None:
+    import httpx
+
+    from proxy.app import create_app
+    from proxy.config import Settings
+    from tests.support import serve
+
+    settings = Settings(
+        engine="local", model=demo_model, db=f"sqlite:///{tmp_path / 'b.db'}", local_max_new_tokens=3
+    )
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hello"}], "temperature": 0}
+    with serve(create_app(settings)) as url:
+        response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] <= 3
+
+
+def test_sigterm_ends_the_server_promptly_while_the_local_engine_samples(
+    demo_model: Path, tmp_path: Path
+) -> None:
+    import signal
+    import threading
+    import time
+
+    import httpx
+
+    from tests.support import spawn_proxy
+
+    args = ["--engine", "local", "--model", str(demo_model), "--db", f"sqlite:///{tmp_path / 's.db'}"]
+    args += ["--local-max-new-tokens", str(ENDLESS), "--shutdown-grace-s", "1"]
+    with spawn_proxy(args, {}, tmp_path / "proxy.log") as (process, url):
+        body = {"model": "demo", "messages": [{"role": "user", "content": "hello"}], "temperature": 0}
+
+        def endless_turn() -> None:  # a plain turn: nothing but cancellation can end it early
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+
+        threading.Thread(target=endless_turn, daemon=True).start()
+        time.sleep(2.0)  # sampling by now
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+        assert time.monotonic() - started < 15, (tmp_path / "proxy.log").read_text()

@@ -1,0 +1,150 @@
+"""Every engine's answers checked before anything of them is recorded or streamed.
+
+An engine that answers an id outside the vocabulary, a float or bool id, a missing or non-finite
+logprob, malformed alternatives or no known finish reason would otherwise be recorded as sampled,
+exported and fed back to it. The proxy wraps whatever engine it runs in CheckedEngine, so this is
+the one place every engine's output passes through.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Any
+
+from proxy.engines.base import (
+    ContextLimits,
+    Engine,
+    EngineInfo,
+    FinishReason,
+    Generation,
+    PromptIds,
+    SamplingParams,
+    StreamChunk,
+)
+from proxy.errors import EngineError, InvalidEngineAnswer
+
+_FINISH_KINDS = frozenset({"stop", "length", "abort"})
+
+
+def _is_id(value: Any, vocab_size: int) -> bool:
+    # bool is an int subclass, and 11.0 == 11: only a true int names a token.
+    return type(value) is int and 0 <= value < vocab_size
+
+
+def _is_logprob(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def check_tokens(
+    ids: Sequence[Any],
+    logprobs: Sequence[Any],
+    top: Sequence[Any] | None,
+    *,
+    vocab_size: int,
+    top_wanted: bool,
+) -> None:
+    """Ids in [0, vocab_size), one finite logprob per id, and (when asked for) well-formed
+    alternatives for every position."""
+    if not isinstance(ids, list) or not isinstance(logprobs, list) or len(ids) != len(logprobs):
+        raise InvalidEngineAnswer("the engine answered output ids and logprobs that are not aligned")
+    bad = [t for t in ids if not _is_id(t, vocab_size)]
+    if bad:
+        raise InvalidEngineAnswer(
+            f"the engine answered an output id that is not in the vocabulary of {vocab_size}: {bad[0]!r}"
+        )
+    if not all(_is_logprob(lp) for lp in logprobs):
+        raise InvalidEngineAnswer("the engine answered a logprob that is not a finite number")
+    if top_wanted:
+        _check_alternatives(top, len(ids), vocab_size)
+
+
+def _check_alternatives(top: Sequence[Any] | None, count: int, vocab_size: int) -> None:
+    if not isinstance(top, list) or len(top) != count:
+        raise InvalidEngineAnswer("the engine answered no top logprobs aligned with its output ids")
+    for position in top:
+        if not isinstance(position, list) or not all(
+            isinstance(entry, tuple)
+            and len(entry) == 2
+            and _is_id(entry[0], vocab_size)
+            and _is_logprob(entry[1])
+            for entry in position
+        ):
+            raise InvalidEngineAnswer("the engine answered a malformed top logprob")
+
+
+def check_finish(finish: Any) -> FinishReason:
+    if not isinstance(finish, FinishReason) or finish.kind not in _FINISH_KINDS:
+        raise InvalidEngineAnswer(f"the engine answered no known finish reason: {finish!r}")
+    if finish.matched_token is not None and type(finish.matched_token) is not int:
+        raise InvalidEngineAnswer("the engine answered a stop token that is not a token id")
+    return finish
+
+
+def check_generation(generation: Generation, *, vocab_size: int, top_wanted: bool) -> Generation:
+    check_tokens(
+        generation.output_ids,
+        generation.logprobs,
+        generation.top_logprobs,
+        vocab_size=vocab_size,
+        top_wanted=top_wanted,
+    )
+    check_finish(generation.finish)
+    return generation
+
+
+class CheckedEngine:
+    """An engine whose every answer is checked; it speaks the same protocol as the engine it wraps."""
+
+    def __init__(self, inner: Engine, *, vocab_size: int) -> None:
+        self.inner = inner
+        self.vocab_size = vocab_size
+        self.name = inner.name
+        self.supports_constraints = inner.supports_constraints
+        self.limits: ContextLimits = inner.limits
+
+    async def generate(self, input_ids: PromptIds, params: SamplingParams) -> Generation:
+        generation = await self.inner.generate(input_ids, params)
+        return check_generation(generation, vocab_size=self.vocab_size, top_wanted=params.top_logprobs > 0)
+
+    async def stream(
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str
+    ) -> AsyncIterator[StreamChunk]:
+        chunks = await self.inner.stream(input_ids, params, request_id)
+        return self._checked(chunks, top_wanted=params.top_logprobs > 0)
+
+    async def _checked(
+        self, chunks: AsyncIterator[StreamChunk], *, top_wanted: bool
+    ) -> AsyncIterator[StreamChunk]:
+        try:
+            async for chunk in chunks:
+                check_tokens(
+                    chunk.output_ids,
+                    chunk.logprobs,
+                    chunk.top_logprobs,
+                    vocab_size=self.vocab_size,
+                    top_wanted=top_wanted,
+                )
+                if chunk.finish is not None:
+                    check_finish(chunk.finish)
+                yield chunk
+                if chunk.finish is not None:
+                    return  # the last chunk: nothing after it is read
+        finally:
+            # Closed at once: an unfinished engine stream closes its connection (which aborts it).
+            if isinstance(chunks, AsyncGenerator):
+                await chunks.aclose()
+        # Not an InvalidEngineAnswer: what arrived was checked, and is kept as an aborted turn.
+        raise EngineError("the engine stream ended without a finish reason")
+
+    async def abort(self, request_id: str) -> None:
+        await self.inner.abort(request_id)
+
+    async def info(self) -> EngineInfo:
+        return await self.inner.info()
+
+    async def ready(self) -> bool:
+        return await self.inner.ready()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
