@@ -38,7 +38,7 @@ def for_template(
     print "None" or fail). Keys holding None are dropped first, as transformers does."""
     out = {k: v for k, v in message.items() if v is not None}
     calls = message.get("tool_calls")
-    if out.get("role") == "assistant" and not out.get("content"):
+    if out.get("role") == "assistant" and out.get("content") in (None, ""):
         if not calls:
             # "" and None are the same message (decision 2); Qwen3 and others fail on a missing content.
             out["content"] = ""
