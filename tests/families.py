@@ -214,7 +214,7 @@ MISTRAL_STYLE = """
 # the tool list before the last user message; calls as `[TOOL_CALLS][{"name", "arguments", "id"}]`
 # and results as `[TOOL_RESULTS]{"content": ..., "call_id": ...}[/TOOL_RESULTS]`; and, as in every
 # Mistral template since v3, any call id that is not nine characters refused with the real message.
-# Only the tool list is written more simply than Mistral's hand-built JSON.
+# Checked against the original: the same text on conversations with and without tools and calls.
 MISTRAL_NEMO = """
 {%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}
 {%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}
@@ -232,7 +232,12 @@ MISTRAL_NEMO = """
 {%- for message in loop_messages %}
 {%- if message.role == 'user' %}
 {%- if tools is not none and tools is defined and message == user_messages[-1] %}
-{{- '[AVAILABLE_TOOLS]' + (tools | tojson) + '[/AVAILABLE_TOOLS]' }}
+{{- '[AVAILABLE_TOOLS][' }}
+{%- for tool in tools %}{{- '{"type": "function", "function": {' }}
+{%- for key, val in tool.function.items() if key != 'return' %}
+{{- '"' + key + '": ' + ('"' + val + '"' if val is string else val | tojson) }}{{- ', ' if not loop.last }}
+{%- endfor %}{{- '}}' }}{{- ', ' if not loop.last else ']' }}
+{%- endfor %}{{- '[/AVAILABLE_TOOLS]' }}
 {%- endif %}
 {%- if loop.last and system_message is defined %}
 {{- '[INST]' + system_message + '\n\n' + message.content + '[/INST]' }}
