@@ -2,10 +2,12 @@
 
 Small probe conversations are rendered once to find out which special tokens close an assistant
 turn (per kind of message that follows: GLM closes a turn with the next message's opener), the
-separator after a close, BOS handling, whether the template reads the date, how tool-call arguments
-must be passed, and, for user, tool and system appends, whether the fixed-base delta equals what a
-full render puts after the last assistant turn in several real contexts and holds the appended
-text. An append kind that is not proven safe starts a new segment with a fresh render.
+separator after a close, BOS handling, whether the template reads the date, how a turn that only
+called tools must be passed for its calls to be rendered (arguments as objects or text, content
+none or ""), which call ids the template accepts, and, for user, tool and system appends,
+whether the fixed-base delta equals what a full render puts after the last assistant turn in
+several real contexts and holds the appended text. An append kind that is not proven safe starts a
+new segment with a fresh render.
 """
 
 from __future__ import annotations
