@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from proxy.api import admin, completions, export, health, openai, sessions
 from proxy.api.auth import require_admin_key, require_harness_key
 from proxy.app_state import AppState
-from proxy.chat.parsing import build_parser
+from proxy.chat.call_format import choose_parser
 from proxy.chat.renderer import Renderer
 from proxy.chat.tokenizer import load_tokenizer_files
 from proxy.config import Settings
@@ -61,15 +61,21 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         except ProxyError as exc:
             log.warning("engine info unavailable at start (%s)", exc.message)
         verdict = renderer.verdict
+        parser, parser_report = choose_parser(renderer, settings.tool_parser)
         log.info(
-            "template self-test: closes %s, separator %r, appends %s, dated %s; context %s; engine %s",
+            "template self-test: closes %s, separator %r, appends %s, dated %s; tool parser %s (%s); "
+            "context %s; engine %s",
             sorted(verdict.close_tokens),
             verdict.separator,
             {kind: v.continues for kind, v in verdict.appends.items()},
             verdict.date_dependent,
+            parser_report.name,
+            "set by --tool-parser" if parser_report.chosen_by == "flag" else "from the chat template",
             context_length,
             inference.name,
         )
+        if parser_report.warning:
+            log.warning("tool calls: %s", parser_report.warning)
         db_sessions = session_factory(db_engine)
         turn_store = open_turn_store(settings.db, db_engine)
         app.state.proxy = AppState(
@@ -83,13 +89,12 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
                 engine=inference,
                 store=turn_store,
                 context_length=context_length,
-                parser=build_parser(
-                    settings.tool_parser, renderer.files.chat_template, renderer.special_texts
-                ),
+                parser=parser,
                 history_mode=settings.history_mode,
             ),
             model_name=settings.model_name,
             context_length=context_length,
+            tool_parser=parser_report,
         )
         async with db_sessions() as db:
             # Until the trainer sets one, calls whose answer names no version get the engine's at start.

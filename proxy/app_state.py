@@ -8,6 +8,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
 
 from proxy.api.retries import RetryGuard
+from proxy.chat.call_format import ToolParserReport
 from proxy.chat.renderer import Renderer
 from proxy.chat.token_pieces import TokenPieces
 from proxy.config import Settings
@@ -26,6 +27,7 @@ class AppState:
     model_name: str
     context_length: int | None
     retries: RetryGuard = field(default_factory=RetryGuard)
+    tool_parser: ToolParserReport | None = None  # which parser reads the template's calls
 
     def __post_init__(self) -> None:
         self.pieces = TokenPieces(self.renderer.tokenizer, self.renderer.special_ids)

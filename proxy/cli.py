@@ -149,6 +149,7 @@ def _migrate(args: argparse.Namespace) -> int:
 def _check_template(args: argparse.Namespace) -> int:
     import json
 
+    from proxy.chat.call_format import choose_parser
     from proxy.chat.renderer import Renderer
     from proxy.chat.tokenizer import load_tokenizer_files
     from proxy.errors import ProxyError
@@ -158,7 +159,10 @@ def _check_template(args: argparse.Namespace) -> int:
     except ProxyError as exc:
         print(f"tito-proxy check-template: {exc.message}", file=sys.stderr)
         return 2
-    print(json.dumps(renderer.verdict.as_json(), indent=2))
+    _, report = choose_parser(renderer, args.tool_parser)
+    print(json.dumps({**renderer.verdict.as_json(), "tool_parser": report.as_json()}, indent=2))
+    if report.warning:
+        print(f"tito-proxy check-template: warning: tool calls: {report.warning}", file=sys.stderr)
     return 0
 
 
@@ -266,6 +270,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     check = sub.add_parser("check-template", help="run the chat-template self-test and print its verdict")
     check.add_argument("--tokenizer", type=Path, required=True)
+    check.add_argument(
+        "--tool-parser",
+        choices=["auto", *PARSER_NAMES],
+        default="auto",
+        help="the tool parser to check against the template (default: detected from it)",
+    )
     demo = sub.add_parser("demo-model", help="build a tiny random-weight Qwen3 model offline (needs [local])")
     demo.add_argument("directory", type=Path)
     demo.add_argument("--seed", type=int, default=0)

@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from proxy.chat.call_format import choose_parser
 from proxy.chat.messages import Message, canonical, key_of_canonical, reasoning_consistent
-from proxy.chat.parsing import OutputParser, ParsedOutput, build_parser
+from proxy.chat.parsing import OutputParser, ParsedOutput
 from proxy.chat.renderer import DeltaUnavailable, Renderer
 from proxy.engines.base import Engine, FinishReason, Generation, SamplingParams
 from proxy.errors import Conflict, ContextLengthExceeded, EngineError, InvalidRequest
@@ -129,7 +130,7 @@ class TurnRunner:
         self.history_mode = history_mode
         # Set by the trainer (POST /admin/weight_version); used when the engine reports no version.
         self.trainer_weight_version: str | None = None
-        self.parser = parser or build_parser("auto", renderer.files.chat_template, renderer.special_texts)
+        self.parser = parser or choose_parser(renderer)[0]
         self.contexts = contexts or ContextCache()
         self._clock = clock
 

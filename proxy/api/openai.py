@@ -152,8 +152,9 @@ async def chat_completions(
 
 @router.get("/template")
 async def template_report(state: StateDep) -> dict[str, Any]:
-    """The start-up self-test's verdict on the served chat template."""
-    return state.renderer.verdict.as_json()
+    """The start-up self-test's verdict on the served chat template, and the tool parser chosen."""
+    parser = state.tool_parser.as_json() if state.tool_parser is not None else None
+    return {**state.renderer.verdict.as_json(), "tool_parser": parser}
 
 
 @router.get("/models")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -22,14 +22,32 @@ def parse_arguments(arguments: Any) -> Any:
     return arguments
 
 
-def for_template(message: Mapping[str, Any], *, arguments_as: str = "object") -> Message:
-    """The message as chat templates expect it: arguments as objects, as SGLang and vLLM pass them,
-    unless the probe found that the template concatenates them as text (DeepSeek)."""
-    out = dict(message)
-    if out.get("role") == "assistant" and out.get("content") is None:
-        # "" and None are the same message (decision 2); templates such as Qwen3 fail on a missing content.
-        out["content"] = ""
+CallsOnlyContent = Literal["none", "empty", "absent"]
+
+
+def for_template(
+    message: Mapping[str, Any],
+    *,
+    arguments_as: str = "object",
+    calls_only_content: CallsOnlyContent = "none",
+) -> Message:
+    """The message in the shape the served template expects (the probe finds it): arguments as
+    objects, as SGLang and vLLM pass them, unless the template concatenates them as text (DeepSeek);
+    the content of an assistant turn that only called tools as the template needs it to render the
+    calls (None for DeepSeek, which renders calls only when content is none; "" where None would
+    print "None" or fail). Keys holding None are dropped first, as transformers does."""
+    out = {k: v for k, v in message.items() if v is not None}
     calls = message.get("tool_calls")
+    if out.get("role") == "assistant" and out.get("content") in (None, ""):
+        if not calls:
+            # "" and None are the same message (decision 2); Qwen3 and others fail on a missing content.
+            out["content"] = ""
+        elif calls_only_content == "none":
+            out["content"] = None
+        elif calls_only_content == "empty":
+            out["content"] = ""
+        else:
+            out.pop("content", None)
     if calls:
         out["tool_calls"] = [
             {

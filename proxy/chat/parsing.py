@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
+import string
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from proxy.chat.messages import Message
 
@@ -32,14 +34,23 @@ class ParsedOutput:
         return message
 
 
-def new_tool_call_id() -> str:
+CallIdStyle = Literal["openai", "alphanumeric9"]
+_ALPHANUMERIC = string.ascii_letters + string.digits
+
+
+def new_tool_call_id(style: CallIdStyle = "openai") -> str:
+    """An id for a call the model sampled without one, in a form the served template accepts
+    (Mistral's refuse any id but nine alphanumerics; the probe finds out)."""
+    if style == "alphanumeric9":
+        return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(9))
     return "call_" + uuid.uuid4().hex[:24]
 
 
 def _call(name: str, arguments: Any, call_id: str | None = None) -> dict[str, Any]:
+    """A parsed call; `call_id` is the sampled id, if the format has one (the parser names the others)."""
     text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
     return {
-        "id": call_id or new_tool_call_id(),
+        "id": call_id,
         "type": "function",
         "function": {"name": name, "arguments": text},
     }
@@ -152,7 +163,13 @@ def mistral_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
     items = items if isinstance(items, list) else [items]
     if not items or not all(isinstance(i, dict) and isinstance(i.get("name"), str) for i in items):
         return None
-    return before.rstrip(), [_call(i["name"], i.get("arguments", {})) for i in items]
+    # The sampled ids are kept: Mistral's template renders them back and accepts only such ids.
+    calls = [_call(i["name"], i.get("arguments", {}), _sampled_id(i.get("id"))) for i in items]
+    return before.rstrip(), calls
+
+
+def _sampled_id(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def deepseek_v3_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
@@ -160,7 +177,9 @@ def deepseek_v3_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
     if begin not in text:
         return text, []
     calls = [_call(name.strip(), arguments) for _, name, arguments in _DEEPSEEK_CALL.findall(text)]
-    if not calls or end not in text:
+    # R1-distill's template ends a lone call with the call's own end token, no calls end; a text
+    # cut anywhere else is a truncated call.
+    if not calls or (end not in text and not text.rstrip().endswith("<｜tool▁call▁end｜>")):
         return None
     for call in calls:
         try:
@@ -270,6 +289,11 @@ class OutputParser:
     special_texts: tuple[str, ...] = ()
     # False for tool_choice "none": call markup stays text, as the model wrote it.
     tool_calls: bool = True
+    # How ids are made for calls sampled without one.
+    call_id_style: CallIdStyle = "openai"
+
+    def _named(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**call, "id": call["id"] or new_tool_call_id(self.call_id_style)} for call in calls]
 
     def clean(self, text: str | None) -> str | None:
         """`text` without special-token text (which is structure, not words)."""
@@ -287,7 +311,9 @@ class OutputParser:
             if parsed is None:
                 return ParsedOutput(content=self.clean(text), reasoning_content=None, tool_calls=[])
             return ParsedOutput(
-                self.clean(parsed.content), self.clean(parsed.reasoning_content), parsed.tool_calls
+                self.clean(parsed.content),
+                self.clean(parsed.reasoning_content),
+                self._named(parsed.tool_calls),
             )
         reasoning, rest = (
             split_reasoning(text, opened=reasoning_open) if self.parse_reasoning else (None, text)
@@ -301,7 +327,7 @@ class OutputParser:
         return ParsedOutput(
             content=self.clean(content) if content or not calls else None,
             reasoning_content=self.clean(reasoning),
-            tool_calls=calls,
+            tool_calls=self._named(calls),
         )
 
 

@@ -2,20 +2,23 @@
 
 Small probe conversations are rendered once to find out which special tokens close an assistant
 turn (per kind of message that follows: GLM closes a turn with the next message's opener), the
-separator after a close, BOS handling, whether the template reads the date, how tool-call arguments
-must be passed, and, for user, tool and system appends, whether the fixed-base delta equals what a
-full render puts after the last assistant turn in several real contexts and holds the appended
-text. An append kind that is not proven safe starts a new segment with a fresh render.
+separator after a close, BOS handling, whether the template reads the date, how a turn that only
+called tools must be passed for its calls to be rendered (arguments as objects or text, content
+none or ""), which call ids the template accepts, and, for user, tool and system appends,
+whether the fixed-base delta equals what a full render puts after the last assistant turn in
+several real contexts and holds the appended text. An append kind that is not proven safe starts a
+new segment with a fresh render.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from proxy.chat.messages import Message
+from proxy.chat.messages import CallsOnlyContent, Message
+from proxy.chat.parsing import CallIdStyle
 from proxy.errors import TemplateError
 
 if TYPE_CHECKING:
@@ -24,6 +27,11 @@ if TYPE_CHECKING:
 AppendKind = Literal["user", "tool", "system"]
 APPEND_KINDS: tuple[AppendKind, ...] = ("user", "tool", "system")
 ANSWER = "Probe answer."
+PROBE_FUNCTION = "get_probe_value"
+# Nine alphanumerics: Mistral's templates refuse any other call id, and every template takes these.
+PROBE_CALL_IDS = ("probe0000", "probe0001")
+ARGUMENT_FORMS: tuple[Literal["object", "string"], ...] = ("object", "string")
+CALLS_ONLY_CONTENTS: tuple[CallsOnlyContent, ...] = ("none", "empty", "absent")
 _PINNED = datetime(2025, 1, 15, 12, 0)
 
 
@@ -47,12 +55,23 @@ class TemplateVerdict:
     template_emits_bos: bool
     date_dependent: bool
     appends: dict[str, AppendVerdict]
+    # The content an assistant turn that only called tools is rendered with: "none" (DeepSeek renders
+    # calls only when content is none), "empty" or "absent".
+    calls_only_content: CallsOnlyContent = "empty"
+    renders_tool_calls: bool = False
+    # The ids the template accepts for calls sampled without one: OpenAI's, or nine alphanumerics.
+    call_id_style: CallIdStyle = "openai"
+    # Every token that ends an assistant turn (a plain answer or a tool call), per kind of message
+    # that follows ("end": the turn is last, what a model samples), including the ones a template
+    # variable writes instead (Llama 3.1's <|eom_id|> after a call in ipython mode).
+    closes_by_following: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def close_tokens(self) -> frozenset[str]:
         """Every token that may end an assistant turn, in a render or in a sample."""
         found = {c for c in self.close_by_append.values() if c is not None}
         found.update(c for c in (self.last_turn_close, self.call_close) if c is not None)
+        found.update(c for closes in self.closes_by_following.values() for c in closes)
         return frozenset(found)
 
     @property
@@ -60,6 +79,7 @@ class TemplateVerdict:
         """Tokens a model samples to end its turn. Not every close seen in history: gpt-oss writes
         <|end|> after its analysis message in mid-turn."""
         found = {c for c in (self.last_turn_close, self.call_close) if c is not None}
+        found.update(self.closes_by_following.get("end", ()))
         if self.opener_close or self.last_turn_close is None:
             # GLM: a turn ends by sampling the opener of the message that follows.
             found.update(c for c in self.close_by_append.values() if c is not None)
@@ -81,33 +101,43 @@ def _tool_call(call_id: str) -> dict[str, Any]:
     return {
         "id": call_id,
         "type": "function",
-        "function": {"name": "get_probe_value", "arguments": json.dumps({"key": ANSWER})},
+        "function": {"name": PROBE_FUNCTION, "arguments": json.dumps({"key": ANSWER})},
     }
 
 
-def conversation(*, system: bool, tool_cycle: bool, call: bool) -> list[Message]:
+def conversation(*, system: bool, tool_cycle: bool, call: bool, calls_only: bool = False) -> list[Message]:
+    """A probe conversation ending with an assistant turn that holds ANSWER (in its content, or in
+    its call's arguments when `calls_only`: the turn only called a tool, as models mostly do)."""
     messages: list[Message] = []
     if system:
         messages.append({"role": "system", "content": "Probe system prompt."})
     messages.append({"role": "user", "content": "Probe question?"})
     if tool_cycle:
         messages.append(
-            {"role": "assistant", "content": "Probe earlier.", "tool_calls": [_tool_call("call_p0")]}
+            {"role": "assistant", "content": "Probe earlier.", "tool_calls": [_tool_call(PROBE_CALL_IDS[0])]}
         )
-        messages.append({"role": "tool", "tool_call_id": "call_p0", "content": "Probe earlier result."})
-    last: Message = {"role": "assistant", "content": ANSWER}
+        messages.append(
+            {"role": "tool", "tool_call_id": PROBE_CALL_IDS[0], "content": "Probe earlier result."}
+        )
+    last: Message = {"role": "assistant", "content": None if call and calls_only else ANSWER}
     if call:
-        last["tool_calls"] = [_tool_call("call_p1")]
+        last["tool_calls"] = [_tool_call(PROBE_CALL_IDS[1])]
     messages.append(last)
     return messages
 
 
 def appended(kind: AppendKind) -> list[Message]:
     if kind == "tool":
-        return [{"role": "tool", "tool_call_id": "call_p1", "content": "Probe appended tool result."}]
+        return [{"role": "tool", "tool_call_id": PROBE_CALL_IDS[1], "content": "Probe appended tool result."}]
     if kind == "user":
         return [{"role": "user", "content": "Probe appended question?"}]
     return [{"role": "system", "content": "Probe appended system note."}]
+
+
+def shows_call(text: str) -> bool:
+    """Whether a render holds the probe's call as a template should write it: its name and its
+    arguments, no Python repr of a mapping (a template that wants text) and no "None" printed."""
+    return PROBE_FUNCTION in text and ANSWER in text and "{'key'" not in text and "None" not in text
 
 
 class TemplateProbe:
@@ -130,23 +160,57 @@ class TemplateProbe:
     def _close_after_call(self) -> str | None:
         """The token that ends a tool-calling turn (gpt-oss: <|call|>): the last special token of a
         render that ends with such a turn, if it comes after the call's arguments."""
-        text = self._text(conversation(system=True, tool_cycle=False, call=True))
+        text = self._text(conversation(system=True, tool_cycle=False, call=True, calls_only=True))
+        if text is None:
+            text = self._text(conversation(system=True, tool_cycle=False, call=True))
         if text is None:
             return None
         at = text.rfind(ANSWER) + len(ANSWER)
         last = None
         while (found := self.renderer.first_special_after(text, at)) is not None:
             last, at = found[1], found[0] + len(found[1])
+        if last is not None and self._ends_each_call(last):
+            return None  # DeepSeek R1 closes nothing after a lone call: its call end is no turn close
         return last
 
-    def _arguments_format(self) -> Literal["object", "string"]:
-        self.renderer.arguments_as = "object"
-        text = self._text(conversation(system=True, tool_cycle=False, call=True))
-        # Templates that concatenate arguments as text (DeepSeek) fail on, or print, a mapping.
-        return "object" if text is not None and "{'key'" not in text else "string"
+    def _ends_each_call(self, token: str) -> bool:
+        """Whether `token` also stands between two calls of one turn: a call's end, not the turn's."""
+        messages = conversation(system=True, tool_cycle=False, call=True, calls_only=True)
+        messages[-1]["tool_calls"] = [_tool_call(PROBE_CALL_IDS[0]), *messages[-1]["tool_calls"]]
+        text = self._text(messages)
+        if text is None or text.count(ANSWER) < 2:
+            return False  # one call per turn (Llama 3)
+        first = text.find(ANSWER) + len(ANSWER)
+        return token in text[first : text.find(ANSWER, first)]
+
+    def _call_shape(self) -> tuple[Literal["object", "string"], CallsOnlyContent, bool]:
+        """How a turn that only called a tool must be passed for the template to render the call:
+        arguments as objects or text, content none, "" or absent. The first shape that shows the
+        call wins (objects first, as SGLang and vLLM pass them; then content none, the OpenAI shape)."""
+        calls_only = conversation(system=True, tool_cycle=False, call=True, calls_only=True)
+        with_content = conversation(system=True, tool_cycle=False, call=True)
+        for messages, contents in ((calls_only, CALLS_ONLY_CONTENTS), (with_content, ("empty",))):
+            for arguments in ARGUMENT_FORMS:
+                for content in contents:
+                    self.renderer.arguments_as, self.renderer.calls_only_content = arguments, content
+                    text = self._text(messages)
+                    if text is not None and shows_call(text):
+                        return arguments, content, True
+        return "object", "empty", False
+
+    def _call_id_style(self) -> CallIdStyle:
+        """Whether the template takes the proxy's OpenAI-style call ids, or only nine alphanumerics."""
+        messages = conversation(system=True, tool_cycle=False, call=True, calls_only=True)
+        messages[-1]["tool_calls"][0]["id"] = "call_" + "0" * 24
+        text = self._text(messages)
+        return "openai" if text is not None and shows_call(text) else "alphanumeric9"
 
     def run(self) -> TemplateVerdict:
-        self.renderer.arguments_as = self._arguments_format()
+        from proxy.chat.turn_closes import TurnCloses
+
+        arguments_as, calls_only_content, renders_calls = self._call_shape()
+        self.renderer.arguments_as = arguments_as
+        self.renderer.calls_only_content = calls_only_content
         base = conversation(system=True, tool_cycle=False, call=False)
         close_by_append: dict[str, str | None] = {
             kind: self._close_after_answer([*base, *appended(kind)]) for kind in APPEND_KINDS
@@ -161,11 +225,14 @@ class TemplateProbe:
             separator = user_text[close_at : following[0]] if following else None
         rendered = self._text(base) or ""
         bos = self.renderer.files.special_tokens.get("bos_token")
+        last_turn_close = self._close_after_answer(base)
+        call_close = self._close_after_call()
+        known = {*closes, *(c for c in (last_turn_close, call_close) if c is not None)}
         verdict = TemplateVerdict(
-            arguments_as=self.renderer.arguments_as,
+            arguments_as=arguments_as,
             close_by_append=close_by_append,
-            last_turn_close=self._close_after_answer(base),
-            call_close=self._close_after_call(),
+            last_turn_close=last_turn_close,
+            call_close=call_close,
             opener_close=len(closes) > 1,
             separator=separator,
             bos_token=bos,
@@ -173,6 +240,10 @@ class TemplateProbe:
             date_dependent=self._text(base, now=datetime(2024, 1, 2))
             != self._text(base, now=datetime(2025, 7, 8)),
             appends={},
+            calls_only_content=calls_only_content,
+            renders_tool_calls=renders_calls,
+            call_id_style=self._call_id_style() if renders_calls else "openai",
+            closes_by_following=TurnCloses(self.renderer, frozenset(known)).by_following(),
         )
         self.renderer.verdict = verdict
         appends = {kind: self._check_append(kind) for kind in APPEND_KINDS}
@@ -180,10 +251,12 @@ class TemplateProbe:
 
     def _check_append(self, kind: AppendKind) -> AppendVerdict:
         call = kind == "tool"
+        # After a call, both shapes a turn takes: with text beside the call, and the call alone.
+        shapes = (False, True) if call else (False,)
         contexts = [
-            conversation(system=True, tool_cycle=False, call=call),
-            conversation(system=True, tool_cycle=True, call=call),
-            conversation(system=False, tool_cycle=False, call=call),
+            conversation(system=system, tool_cycle=cycle, call=call, calls_only=calls_only)
+            for system, cycle in ((True, False), (True, True), (False, False))
+            for calls_only in shapes
         ]
         new = appended(kind)
         checked = 0

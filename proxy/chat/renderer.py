@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from proxy.chat.messages import Message, for_template
+from proxy.chat.messages import CallsOnlyContent, Message, for_template
 from proxy.chat.probe import TemplateProbe, TemplateVerdict
 from proxy.chat.template import ChatTemplate
 from proxy.chat.tokenizer import TokenizerFiles
@@ -61,7 +61,9 @@ class Renderer:
         self._special_texts = sorted(
             (str(t.content) for t in decoder.values() if t.special), key=len, reverse=True
         )
+        # How tool-call arguments and a calls-only turn's content are passed: set by the probe.
         self.arguments_as: Literal["object", "string"] = "object"
+        self.calls_only_content: CallsOnlyContent = "empty"
         self._heads: dict[str, list[int]] = {}
         # Empty while the probe runs: it checks templates on full encodes only.
         self._splitting_closes: dict[str, int] = {}
@@ -113,7 +115,10 @@ class Renderer:
         now: datetime | None = None,
     ) -> str:
         return self.template.render(
-            [for_template(m, arguments_as=self.arguments_as) for m in messages],
+            [
+                for_template(m, arguments_as=self.arguments_as, calls_only_content=self.calls_only_content)
+                for m in messages
+            ],
             tools=tools,
             add_generation_prompt=add_generation_prompt,
             template_kwargs=template_kwargs,
@@ -150,7 +155,10 @@ class Renderer:
         stub: Message = {"role": "assistant", "content": STUB_CONTENT, "reasoning_content": STUB_REASONING}
         if previous_assistant.get("tool_calls"):
             # Tool results may be rendered with the calls' names and ids (gpt-oss, Kimi): keep those.
-            # Arguments carry the marker, for templates that render a tool-calling turn without content.
+            # Arguments carry the marker; a turn that only called tools stays one (DeepSeek R1 renders
+            # calls, and closes them, only then).
+            if not previous_assistant.get("content"):
+                stub["content"] = None
             stub["tool_calls"] = [
                 {**call, "function": {"name": call["function"]["name"], "arguments": {"stub": STUB_CONTENT}}}
                 for call in previous_assistant["tool_calls"]

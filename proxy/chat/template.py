@@ -14,11 +14,14 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from proxy.errors import TemplateError
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+_RENDER_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
+_JINJA_NAMES = ("loop", "caller", "varargs", "kwargs", "range", "dict", "lipsum", "cycler", "joiner")
 
 
 def _raise_exception(message: str) -> None:
@@ -94,10 +97,23 @@ class ChatTemplate:
         env.globals["strftime_now"] = self._strftime_now
         env.globals["dict"] = dict
         env.globals["namespace"] = _Namespace
-        self._compiled = env.from_string(source)
+        self._ast = env.parse(source)
+        self._compiled = env.from_string(self._ast)
+        self._globals = frozenset(env.globals)
 
     def _strftime_now(self, fmt: str) -> str:
         return (self._now or datetime.now()).strftime(fmt)
+
+    def optional_variables(self) -> frozenset[str]:
+        """The names the template reads that nothing but a caller's chat_template_kwargs sets
+        (Llama 3.1's builtin_tools, Qwen3's enable_thinking). A name the template also assigns
+        does not count."""
+        names = list(self._ast.find_all(jinja2.nodes.Name))
+        read = {n.name for n in names if n.ctx == "load"} - {n.name for n in names if n.ctx != "load"}
+        macros = {m.name for m in self._ast.find_all(jinja2.nodes.Macro)}
+        return frozenset(
+            read - macros - {*_JINJA_NAMES, *_RENDER_VARIABLES, *self._special_tokens, *self._globals}
+        )
 
     @property
     def reads_date(self) -> bool:
@@ -113,8 +129,9 @@ class ChatTemplate:
         now: datetime | None = None,
     ) -> str:
         """Render to text; `now` pins what the template sees as today's date."""
-        # transformers drops None-valued keys first: templates handle a missing key, not a None.
-        plain = [_alias_reasoning({k: v for k, v in m.items() if v is not None}) for m in messages]
+        # Messages come in the template's shape (messages.for_template): None-valued keys already
+        # dropped as transformers does, except a content the template needs to see as none.
+        plain = [_alias_reasoning(m) for m in messages]
         variables: dict[str, Any] = {**self._special_tokens, **(template_kwargs or {})}
         self._now = now
         try:
