@@ -10,7 +10,8 @@ from datetime import timedelta
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from proxy.api import admin, completions, export, health, openai, sessions
@@ -100,7 +101,15 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             await inference.aclose()
             await db_engine.dispose()
 
-    app = FastAPI(title="tito-proxy", version="0.1.0", lifespan=lifespan)
+    # The docs are served by _install_docs, behind the admin key like the routes they describe.
+    app = FastAPI(
+        title="tito-proxy",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     harness = [Depends(require_harness_key)]
     for surface in (openai.router, completions.router):
         app.include_router(surface, dependencies=harness)
@@ -108,8 +117,27 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     for recorded in (sessions.router, export.router, admin.router):
         app.include_router(recorded, dependencies=[Depends(require_admin_key)])
     app.include_router(health.router)
+    _install_docs(app)
     _install_error_handlers(app)
     return app
+
+
+def _install_docs(app: FastAPI) -> None:
+    """/openapi.json, /docs and /redoc; with keys set they need the admin key (the harness key gets a
+    403), since they map every route that reads or changes recorded data."""
+    guarded = [Depends(require_admin_key)]
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=guarded)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=guarded)
+    async def swagger() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - Swagger UI")
+
+    @app.get("/redoc", include_in_schema=False, dependencies=guarded)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
 
 
 async def _finish_idle_sessions(state: AppState) -> None:
