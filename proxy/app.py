@@ -141,20 +141,24 @@ def _install_docs(app: FastAPI) -> None:
 
 
 async def _finish_idle_sessions(state: AppState) -> None:
-    """Finish sessions idle past the timeout, so that harnesses that never finish still export."""
+    """Finish sessions idle past the timeout, so that harnesses that never finish still export. A
+    session with a turn under way here is left open; a turn elsewhere that commits after the sweep
+    is refused like any turn after a finish."""
     timeout = state.settings.session_idle_timeout_s
     if timeout <= 0:
         return
     while True:
         await asyncio.sleep(min(60.0, timeout / 4))
         try:
+            finished = 0
             async with state.db_sessions() as db, db.begin():
                 repo = Repository(db)
-                idle = await repo.idle_sessions(utcnow() - timedelta(seconds=timeout))
-                for session in idle:
-                    await repo.finish_session(session)
-            if idle:
-                log.info("finished %d idle sessions", len(idle))
+                idle_before = utcnow() - timedelta(seconds=timeout)
+                for session in await repo.idle_sessions(idle_before):
+                    if session.id not in state.turns.in_flight:
+                        finished += await repo.finish_session(session, idle_before=idle_before)
+            if finished:
+                log.info("finished %d idle sessions", finished)
         except Exception:  # a sweep must never take the proxy down; the next one retries
             log.exception("idle-session sweep failed")
 

@@ -9,6 +9,7 @@ ProxyError                      500 server_error
 ├── Forbidden                   403 permission_error (the harness key on an admin route)
 ├── NotFound                    404 not_found_error
 ├── Conflict                    409 conflict_error (a session id that is taken, or deleted mid-turn)
+│   └── SessionFinished         409 code=session_finished (a turn for, or committed after, a finish)
 ├── RecordFailed                503 code=record_failed (the database refused a turn's commit)
 └── EngineError                 502 engine_error (bad answer from the engine)
     ├── EngineUnavailable       503 (cannot connect, or the engine says it is not ready)
@@ -77,6 +78,13 @@ class Conflict(ProxyError):
     status_code = 409
     error_type = "conflict_error"
     default_code = "conflict"
+
+
+class SessionFinished(Conflict):
+    """The session is finished: a turn that reaches its commit after the finish is refused, so that
+    every recorded turn is in the export that follows the finish."""
+
+    default_code = "session_finished"
 
 
 class RecordFailed(ProxyError):

@@ -8,11 +8,13 @@ segment with a fresh render. The call is committed before the caller sees the an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -23,7 +25,7 @@ from proxy.chat.messages import Message, canonical, key_of_canonical, reasoning_
 from proxy.chat.parsing import OutputParser, ParsedOutput, build_parser
 from proxy.chat.renderer import DeltaUnavailable, Renderer
 from proxy.engines.base import Engine, FinishReason, Generation, SamplingParams
-from proxy.errors import Conflict, ContextLengthExceeded, EngineError, InvalidRequest
+from proxy.errors import ContextLengthExceeded, EngineError, InvalidRequest, SessionFinished
 from proxy.store.codec import IdArray, pack_ids, pack_logprobs
 from proxy.store.prompts import ContextCache, Recorded, rebuild
 from proxy.store.turn_store import ContinuedCall, NewCall, TurnStore, TurnWrite
@@ -128,13 +130,26 @@ class TurnRunner:
         self.parser = parser or build_parser("auto", renderer.files.chat_template, renderer.special_texts)
         self.contexts = contexts or ContextCache()
         self._clock = clock
+        # Sessions with a turn under way in this process: the idle sweep leaves them open.
+        self.in_flight: Counter[str] = Counter()
+
+    @contextlib.contextmanager
+    def busy(self, session_id: str) -> Iterator[None]:
+        """Marks the session as having a turn under way until the turn is answered."""
+        self.in_flight[session_id] += 1
+        try:
+            yield
+        finally:
+            self.in_flight[session_id] -= 1
+            if not self.in_flight[session_id]:
+                del self.in_flight[session_id]
 
     async def prepare(self, session_id: str, request: TurnRequest) -> PreparedTurn:
         """Everything before the engine call: the session, the prompt ids, bounded sampling."""
         started = self._clock()
         session = await self.store.session_state(session_id)
         if session is not None and session.status == "finished":
-            raise Conflict(f"session {session_id!r} is finished; start a new one", param="session_id")
+            raise SessionFinished(f"session {session_id!r} is finished; start a new one", param="session_id")
         # A new session pins the date it is first rendered with; it is created with its first call.
         template_now = session.template_now if session is not None else datetime.now()
         if request.prompt_ids is not None:

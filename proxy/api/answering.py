@@ -45,6 +45,7 @@ async def answer(
 ) -> Response:
     headers = {"X-Session-Id": session_id}
     exit_stack = contextlib.AsyncExitStack()
+    exit_stack.enter_context(state.turns.busy(session_id))
     await exit_stack.enter_async_context(state.retries.hold(session_id, identity))
     try:
         recorded = None

@@ -27,7 +27,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from proxy.errors import Conflict, ProxyError, RecordFailed
+from proxy.errors import Conflict, ProxyError, RecordFailed, SessionFinished
 from proxy.store.database import sqlite_pragmas
 from proxy.store.models import CallRow, SegmentRow, SessionRow
 from proxy.store.repository import utcnow
@@ -145,11 +145,13 @@ _NEW_CALL_FIELDS = tuple(f.name for f in fields(NewCall))
 
 
 def _session_upsert(insert_for: Any) -> Any:
-    """Creates a session on its first call and marks it touched on every later one."""
+    """Creates a session on its first call and marks it touched on every later one; returns each
+    session's status as the commit sees it (the upsert holds the row: SQLite's one writer, or
+    PostgreSQL's row lock, which a concurrent finish waits for or has released)."""
     statement = insert_for(_SESSIONS)
     return statement.on_conflict_do_update(
         index_elements=[_SESSIONS.c.id], set_={"updated_at": statement.excluded.updated_at}
-    )
+    ).returning(_SESSIONS.c.id, _SESSIONS.c.status)
 
 
 # Core statements, built once: ORM-level inserts with .values() rebuild and re-key a statement per
@@ -169,13 +171,22 @@ def write_turns(db: Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
     first_render: dict[str, datetime] = {}
     for write in writes:
         first_render.setdefault(write.session_id, write.template_now)
-    db.execute(
+    statuses = db.execute(
         _UPSERT_SESSIONS[db.dialect.name],
         [
             {"id": session_id, "status": "active", "created_at": now, "updated_at": now, "template_now": at}
             for session_id, at in first_render.items()
         ],
-    )
+    ).all()
+    finished = sorted(session_id for session_id, status in statuses if status == "finished")
+    if finished:
+        # The rule: no turn is recorded after its session's finish, so none is missing from the
+        # export that follows it. The whole transaction is refused (the writer retries a group's
+        # other turns alone).
+        raise SessionFinished(
+            f"session {finished[0]!r} was finished while this turn ran; the turn is not recorded",
+            param="session_id",
+        )
     calls = [call for write in writes for call in write.calls]
     rows = [{name: getattr(call, name) for name in _NEW_CALL_FIELDS} | {"created_at": now} for call in calls]
     opening = [row for row in rows if row["segment_id"] is None]  # each opens a segment of its own
