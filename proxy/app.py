@@ -23,7 +23,13 @@ from proxy.chat.tokenizer import load_tokenizer_files
 from proxy.config import Settings
 from proxy.engines.base import Engine
 from proxy.errors import InvalidRequest, ProxyError
-from proxy.store.database import create_engine, session_factory, upgrade_to_head
+from proxy.store.database import (
+    create_engine,
+    database_error,
+    is_database_failure,
+    session_factory,
+    upgrade_to_head,
+)
 from proxy.store.repository import Repository, utcnow
 from proxy.store.turn_store import open_turn_store
 from proxy.turns import TurnRunner
@@ -185,6 +191,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        if is_database_failure(exc):  # raised outside a guarded session (GuardedSession maps those)
+            mapped = database_error(exc)
+            log.warning("database failure: %s", mapped.message)
+            return JSONResponse(mapped.envelope(), status_code=mapped.status_code)
         log.exception("unexpected error", exc_info=exc)
         error = ProxyError("internal error in tito-proxy; see its log")
         return JSONResponse(error.envelope(), status_code=500)

@@ -10,7 +10,8 @@ ProxyError                      500 server_error
 ├── NotFound                    404 not_found_error
 ├── Conflict                    409 conflict_error (a session id that is taken, or deleted mid-turn)
 │   └── SessionFinished         409 code=session_finished (a turn for, or committed after, a finish)
-├── RecordFailed                503 code=record_failed (the database refused a turn's commit)
+├── DatabaseUnavailable         503 code=database_unavailable (disk full, locked, connection lost)
+│   └── RecordFailed            503 code=record_failed (the database refused a turn's commit)
 └── EngineError                 502 engine_error (bad answer from the engine)
     ├── EngineUnavailable       503 (cannot connect, or the engine says it is not ready)
     └── EngineTimeout           504
@@ -87,11 +88,18 @@ class SessionFinished(Conflict):
     default_code = "session_finished"
 
 
-class RecordFailed(ProxyError):
-    """The database refused a turn's commit: the turn is not answered, since it is not recorded."""
+class DatabaseUnavailable(ProxyError):
+    """The database failed (disk full, locked past the busy timeout, connection lost); the
+    transaction was rolled back, so nothing of the request is written."""
 
     status_code = 503
     error_type = "server_error"
+    default_code = "database_unavailable"
+
+
+class RecordFailed(DatabaseUnavailable):
+    """The database refused a turn's commit: the turn is not answered, since it is not recorded."""
+
     default_code = "record_failed"
 
 

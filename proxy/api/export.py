@@ -52,6 +52,16 @@ async def export_pages(
         yield rows
 
 
+async def _chained(
+    first: list[dict[str, Any]] | None, rest: AsyncIterator[list[dict[str, Any]]]
+) -> AsyncIterator[list[dict[str, Any]]]:
+    if first is None:
+        return
+    yield first
+    async for page in rest:
+        yield page
+
+
 @router.get("/export")
 async def export(
     state: StateDep,
@@ -64,7 +74,9 @@ async def export(
 ) -> StreamingResponse:
     """Finished sessions after cursor `after`; with `consumer`, only those it has not acked."""
     require_pyarrow(format)
-    pages = export_pages(state, mode, after, consumer)
+    # The first page is read before the status line goes out, so that a failing database is a 503.
+    rest = export_pages(state, mode, after, consumer)
+    pages = _chained(await anext(rest, None), rest)
     if format == "parquet":
         return StreamingResponse(parquet_stream(mode, pages), media_type="application/vnd.apache.parquet")
 

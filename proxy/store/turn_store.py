@@ -28,7 +28,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.errors import Conflict, ProxyError, RecordFailed, SessionFinished
-from proxy.store.database import sqlite_pragmas
+from proxy.store.database import database_error, is_database_failure, sqlite_pragmas
 from proxy.store.models import CallRow, SegmentRow, SessionRow
 from proxy.store.repository import utcnow
 
@@ -204,7 +204,7 @@ def write_turns(db: Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
     return per_write
 
 
-def recording_error(error: SQLAlchemyError) -> ProxyError:
+def recording_error(error: BaseException) -> ProxyError:
     """What the client is told when its turn cannot be committed (nothing of it is recorded)."""
     if isinstance(error, IntegrityError):
         # A session or segment deleted while the turn ran: its rows have nothing to belong to.
@@ -226,20 +226,28 @@ class TurnStore(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None: ...
 
+    async def _read(self, query: Query, params: dict[str, Any]) -> Sequence[Any]:
+        try:
+            return await self._rows(query, params)
+        except Exception as exc:
+            if is_database_failure(exc):
+                raise database_error(exc) from exc
+            raise
+
     async def session_state(self, session_id: str) -> SessionState | None:
-        rows = await self._rows(_SESSION_STATE, {"session": session_id})
+        rows = await self._read(_SESSION_STATE, {"session": session_id})
         return SessionState(status=rows[0].status, template_now=rows[0].template_now) if rows else None
 
     async def calls_with_history(self, session_id: str, history_key: str) -> list[ContinuedCall]:
-        rows = await self._rows(_WITH_HISTORY, {"session": session_id, "key": history_key})
+        rows = await self._read(_WITH_HISTORY, {"session": session_id, "key": history_key})
         return [ContinuedCall(*row) for row in rows]
 
     async def latest_answered(self, session_id: str, limit: int) -> list[ContinuedCall]:
-        rows = await self._rows(_LATEST_ANSWERED, {"session": session_id, "limit": limit})
+        rows = await self._read(_LATEST_ANSWERED, {"session": session_id, "limit": limit})
         return [ContinuedCall(*row) for row in rows]
 
     async def segment_rows(self, segment_id: int) -> list[SegmentCall]:
-        return [SegmentCall(*row) for row in await self._rows(_SEGMENT, {"segment": segment_id})]
+        return [SegmentCall(*row) for row in await self._read(_SEGMENT, {"segment": segment_id})]
 
 
 class AsyncTurnStore(TurnStore):
@@ -256,8 +264,10 @@ class AsyncTurnStore(TurnStore):
         try:
             async with self._engine.begin() as db:
                 [call_ids] = await db.run_sync(write_turns, [write])
-        except SQLAlchemyError as exc:
-            raise recording_error(exc) from exc
+        except Exception as exc:
+            if is_database_failure(exc):
+                raise recording_error(exc) from exc
+            raise
         return call_ids
 
     async def close(self) -> None:
