@@ -8,6 +8,7 @@ ProxyError                      500 server_error
 ├── Unauthorized                401 code=invalid_api_key (no key, or a wrong one)
 ├── Forbidden                   403 permission_error (the harness key on an admin route)
 ├── NotFound                    404 not_found_error
+├── ClientClosedRequest         499 (the client left before its answer; nobody reads this one)
 ├── Conflict                    409 conflict_error (a session id that is taken, or deleted mid-turn)
 │   └── SessionFinished         409 code=session_finished (a turn for, or committed after, a finish)
 ├── DatabaseUnavailable         503 code=database_unavailable (disk full, locked, connection lost)
@@ -73,6 +74,14 @@ class NotFound(ProxyError):
     status_code = 404
     error_type = "not_found_error"
     default_code = "not_found"
+
+
+class ClientClosedRequest(ProxyError):
+    """The client disconnected before its answer: the turn was aborted (nginx's 499, for the log)."""
+
+    status_code = 499
+    error_type = "invalid_request_error"
+    default_code = "client_closed_request"
 
 
 class Conflict(ProxyError):

@@ -119,7 +119,11 @@ class Engine(Protocol):
     # Whether SamplingParams.constraint (grammar-constrained sampling) is honoured.
     supports_constraints: bool
 
-    async def generate(self, input_ids: PromptIds, params: SamplingParams) -> Generation: ...
+    async def generate(
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str | None = None
+    ) -> Generation:
+        """Sample a whole turn; `request_id` is what abort() names it by (made up when None)."""
+        ...
 
     async def stream(
         self, input_ids: PromptIds, params: SamplingParams, request_id: str

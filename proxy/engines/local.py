@@ -53,7 +53,9 @@ class LocalEngine:
         self._weight_version = weight_version
         self._lock = threading.Lock()
 
-    async def generate(self, prompt: PromptIds, params: SamplingParams) -> Generation:
+    async def generate(
+        self, prompt: PromptIds, params: SamplingParams, request_id: str | None = None
+    ) -> Generation:
         input_ids = [int(token) for token in prompt]
         if not input_ids:
             raise InvalidRequest("empty prompt")

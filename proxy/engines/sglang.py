@@ -188,8 +188,10 @@ class SGLangEngine:
             raise EngineUnavailable(f"the engine is not ready: {message}")
         raise EngineError(f"the engine answered HTTP {response.status}: {message}")
 
-    async def generate(self, input_ids: PromptIds, params: SamplingParams) -> Generation:
-        payload = _request_payload(input_ids, params, uuid.uuid4().hex, stream=False)
+    async def generate(
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str | None = None
+    ) -> Generation:
+        payload = _request_payload(input_ids, params, request_id or uuid.uuid4().hex, stream=False)
         response = await self._send("/generate", payload)
         await self._raise_for_status(response)
         try:
