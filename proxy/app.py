@@ -10,7 +10,8 @@ from datetime import timedelta
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from proxy.api import admin, completions, export, health, openai, sessions
@@ -23,7 +24,13 @@ from proxy.config import Settings
 from proxy.engines.base import Engine
 from proxy.engines.checked import CheckedEngine
 from proxy.errors import InvalidRequest, ProxyError
-from proxy.store.database import create_engine, session_factory, upgrade_to_head
+from proxy.store.database import (
+    create_engine,
+    database_error,
+    is_database_failure,
+    session_factory,
+    upgrade_to_head,
+)
 from proxy.store.repository import Repository, utcnow
 from proxy.store.turn_store import open_turn_store
 from proxy.turns import TurnRunner
@@ -110,7 +117,15 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             await inference.aclose()
             await db_engine.dispose()
 
-    app = FastAPI(title="tito-proxy", version="0.1.0", lifespan=lifespan)
+    # The docs are served by _install_docs, behind the admin key like the routes they describe.
+    app = FastAPI(
+        title="tito-proxy",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     harness = [Depends(require_harness_key)]
     for surface in (openai.router, completions.router):
         app.include_router(surface, dependencies=harness)
@@ -118,25 +133,48 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     for recorded in (sessions.router, export.router, admin.router):
         app.include_router(recorded, dependencies=[Depends(require_admin_key)])
     app.include_router(health.router)
+    _install_docs(app)
     _install_error_handlers(app)
     return app
 
 
+def _install_docs(app: FastAPI) -> None:
+    """/openapi.json, /docs and /redoc; with keys set they need the admin key (the harness key gets a
+    403), since they map every route that reads or changes recorded data."""
+    guarded = [Depends(require_admin_key)]
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=guarded)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=guarded)
+    async def swagger() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - Swagger UI")
+
+    @app.get("/redoc", include_in_schema=False, dependencies=guarded)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
+
+
 async def _finish_idle_sessions(state: AppState) -> None:
-    """Finish sessions idle past the timeout, so that harnesses that never finish still export."""
+    """Finish sessions idle past the timeout, so that harnesses that never finish still export. A
+    session with a turn under way here is left open; a turn elsewhere that commits after the sweep
+    is refused like any turn after a finish."""
     timeout = state.settings.session_idle_timeout_s
     if timeout <= 0:
         return
     while True:
         await asyncio.sleep(min(60.0, timeout / 4))
         try:
+            finished = 0
             async with state.db_sessions() as db, db.begin():
                 repo = Repository(db)
-                idle = await repo.idle_sessions(utcnow() - timedelta(seconds=timeout))
-                for session in idle:
-                    await repo.finish_session(session)
-            if idle:
-                log.info("finished %d idle sessions", len(idle))
+                idle_before = utcnow() - timedelta(seconds=timeout)
+                for session in await repo.idle_sessions(idle_before):
+                    if session.id not in state.turns.in_flight:
+                        finished += await repo.finish_session(session, idle_before=idle_before)
+            if finished:
+                log.info("finished %d idle sessions", finished)
         except Exception:  # a sweep must never take the proxy down; the next one retries
             log.exception("idle-session sweep failed")
 
@@ -163,6 +201,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        if is_database_failure(exc):  # raised outside a guarded session (GuardedSession maps those)
+            mapped = database_error(exc)
+            log.warning("database failure: %s", mapped.message)
+            return JSONResponse(mapped.envelope(), status_code=mapped.status_code)
         log.exception("unexpected error", exc_info=exc)
         error = ProxyError("internal error in tito-proxy; see its log")
         return JSONResponse(error.envelope(), status_code=500)

@@ -8,8 +8,11 @@ ProxyError                      500 server_error
 ├── Unauthorized                401 code=invalid_api_key (no key, or a wrong one)
 ├── Forbidden                   403 permission_error (the harness key on an admin route)
 ├── NotFound                    404 not_found_error
+├── ClientClosedRequest         499 (the client left before its answer; nobody reads this one)
 ├── Conflict                    409 conflict_error (a session id that is taken, or deleted mid-turn)
-├── RecordFailed                503 code=record_failed (the database refused a turn's commit)
+│   └── SessionFinished         409 code=session_finished (a turn for, or committed after, a finish)
+├── DatabaseUnavailable         503 code=database_unavailable (disk full, locked, connection lost)
+│   └── RecordFailed            503 code=record_failed (the database refused a turn's commit)
 └── EngineError                 502 engine_error (bad answer from the engine)
     ├── InvalidEngineAnswer     502 (ids, logprobs or finish reason that fail the checks: never recorded)
     ├── EngineUnavailable       503 (cannot connect, or the engine says it is not ready)
@@ -74,17 +77,39 @@ class NotFound(ProxyError):
     default_code = "not_found"
 
 
+class ClientClosedRequest(ProxyError):
+    """The client disconnected before its answer: the turn was aborted (nginx's 499, for the log)."""
+
+    status_code = 499
+    error_type = "invalid_request_error"
+    default_code = "client_closed_request"
+
+
 class Conflict(ProxyError):
     status_code = 409
     error_type = "conflict_error"
     default_code = "conflict"
 
 
-class RecordFailed(ProxyError):
-    """The database refused a turn's commit: the turn is not answered, since it is not recorded."""
+class SessionFinished(Conflict):
+    """The session is finished: a turn that reaches its commit after the finish is refused, so that
+    every recorded turn is in the export that follows the finish."""
+
+    default_code = "session_finished"
+
+
+class DatabaseUnavailable(ProxyError):
+    """The database failed (disk full, locked past the busy timeout, connection lost); the
+    transaction was rolled back, so nothing of the request is written."""
 
     status_code = 503
     error_type = "server_error"
+    default_code = "database_unavailable"
+
+
+class RecordFailed(DatabaseUnavailable):
+    """The database refused a turn's commit: the turn is not answered, since it is not recorded."""
+
     default_code = "record_failed"
 
 

@@ -8,15 +8,18 @@ segment with a fresh render. The call is committed before the caller sees the an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
+import anyio
 import numpy as np
 
 from proxy.chat.call_format import choose_parser
@@ -24,12 +27,22 @@ from proxy.chat.messages import Message, canonical, key_of_canonical, reasoning_
 from proxy.chat.parsing import OutputParser, ParsedOutput
 from proxy.chat.renderer import DeltaUnavailable, Renderer
 from proxy.engines.base import Engine, FinishReason, Generation, SamplingParams
-from proxy.errors import Conflict, ContextLengthExceeded, EngineError, InvalidRequest
+from proxy.errors import (
+    ClientClosedRequest,
+    ContextLengthExceeded,
+    EngineError,
+    InvalidRequest,
+    ProxyError,
+    SessionFinished,
+)
 from proxy.store.codec import IdArray, pack_ids, pack_logprobs
 from proxy.store.prompts import ContextCache, Recorded, rebuild
 from proxy.store.turn_store import ContinuedCall, NewCall, TurnStore, TurnWrite
 
 log = logging.getLogger("tito_proxy.turns")
+
+# How long an aborted engine request may take to answer with what it sampled before it is dropped.
+ABORT_ANSWER_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -133,13 +146,26 @@ class TurnRunner:
         self.parser = parser or choose_parser(renderer)[0]
         self.contexts = contexts or ContextCache()
         self._clock = clock
+        # Sessions with a turn under way in this process: the idle sweep leaves them open.
+        self.in_flight: Counter[str] = Counter()
+
+    @contextlib.contextmanager
+    def busy(self, session_id: str) -> Iterator[None]:
+        """Marks the session as having a turn under way until the turn is answered."""
+        self.in_flight[session_id] += 1
+        try:
+            yield
+        finally:
+            self.in_flight[session_id] -= 1
+            if not self.in_flight[session_id]:
+                del self.in_flight[session_id]
 
     async def prepare(self, session_id: str, request: TurnRequest) -> PreparedTurn:
         """Everything before the engine call: the session, the prompt ids, bounded sampling."""
         started = self._clock()
         session = await self.store.session_state(session_id)
         if session is not None and session.status == "finished":
-            raise Conflict(f"session {session_id!r} is finished; start a new one", param="session_id")
+            raise SessionFinished(f"session {session_id!r} is finished; start a new one", param="session_id")
         # A new session pins the date it is first rendered with; it is created with its first call.
         template_now = session.template_now if session is not None else datetime.now()
         if request.prompt_ids is not None:
@@ -193,12 +219,31 @@ class TurnRunner:
                 )
         return PromptPlan(prompt=ids, added=ids, parent=None, boundary_edits=[])
 
-    async def run(self, session_id: str, request: TurnRequest) -> list[TurnResult]:
-        """Sample every choice, then commit them together: all are recorded, or none."""
+    async def run(
+        self, session_id: str, request: TurnRequest, *, client_gone: asyncio.Event | None = None
+    ) -> list[TurnResult]:
+        """Sample every choice, then commit them together: all are recorded, or none. When
+        `client_gone` is set before the commit, the engine requests are aborted and what they
+        sampled is recorded as aborted (never exported), then ClientClosedRequest is raised."""
+        gone = client_gone or asyncio.Event()
         turn = await self.prepare(session_id, request)
-        generations = await asyncio.gather(
-            *(self.engine.generate(turn.plan.prompt, turn.params) for _ in range(request.choices))
+        if gone.is_set():
+            raise ClientClosedRequest("the client left before its turn was sampled")
+        request_ids = [uuid.uuid4().hex for _ in range(request.choices)]  # fixed length: see sglang.py
+        sampling: asyncio.Future[list[Generation]] = asyncio.ensure_future(
+            asyncio.gather(*(self.engine.generate(turn.plan.prompt, turn.params, rid) for rid in request_ids))
         )
+        watching: asyncio.Future[Any] = asyncio.ensure_future(gone.wait())
+        try:
+            await asyncio.wait({sampling, watching}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            sampling.cancel()
+            raise
+        finally:
+            watching.cancel()
+        if gone.is_set():
+            await self._abandon(turn, sampling, request_ids)
+        generations = await sampling
         results = await self.record_choices(turn, list(enumerate(generations)))
         for generation in generations:
             if generation.finish.kind == "abort":
@@ -206,6 +251,22 @@ class TurnRunner:
                     f"the engine aborted the request: {generation.finish.message}", code="engine_aborted"
                 )
         return results
+
+    async def _abandon(
+        self, turn: PreparedTurn, sampling: asyncio.Future[list[Generation]], request_ids: list[str]
+    ) -> NoReturn:
+        """The client left: stop sampling, keep what was sampled as aborted, answer nobody."""
+        with anyio.CancelScope(shield=True):
+            if not sampling.done():
+                for request_id in request_ids:
+                    await self.engine.abort(request_id)
+            try:
+                # An aborted SGLang request answers at once with what it sampled so far.
+                generations = await asyncio.wait_for(sampling, ABORT_ANSWER_S)
+                await self.record_choices(turn, list(enumerate(generations)), status="aborted")
+            except (ProxyError, TimeoutError) as exc:
+                log.info("session %s: the abandoned turn is not recorded: %s", turn.session_id, exc)
+        raise ClientClosedRequest("the client left before its answer; the turn was aborted")
 
     async def record(
         self, turn: PreparedTurn, generation: Generation, *, status: str | None = None, choice_index: int = 0

@@ -52,20 +52,36 @@ def postgres_server(root: Path) -> Iterator[str]:
             shutil.chown(folder, "postgres", "postgres")
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
-    initdb, pg_ctl = _program("initdb"), _program("pg_ctl")
+    initdb = _program("initdb")
     assert initdb is not None, "PostgreSQL's initdb is not installed"
-    assert pg_ctl is not None, "PostgreSQL's pg_ctl is not installed"
     _run_as_server_user([initdb, "-D", str(data), "-U", "postgres", "--auth=trust"])
     port = free_port()
-    # fsync off: the tests check behaviour, not power-loss durability, and run faster without it.
-    options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -F"
-    log = root / "server.log"
-    start = [pg_ctl, "-D", str(data), "-l", str(log), "-o", options, "-w", "start"]
-    _run_as_server_user(start)
+    start(root, port)
     try:
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
     finally:
-        _run_as_server_user([pg_ctl, "-D", str(data), "-m", "immediate", "stop"])
+        stop(root)
+
+
+def _pg_ctl() -> str:
+    pg_ctl = _program("pg_ctl")
+    assert pg_ctl is not None, "PostgreSQL's pg_ctl is not installed"
+    return pg_ctl
+
+
+def start(root: Path, port: int) -> None:
+    """Start (or start again) the cluster under `root` on `port`."""
+    # fsync off: the tests check behaviour, not power-loss durability, and run faster without it.
+    options = f"-p {port} -k {root / 'sockets'} -c listen_addresses=127.0.0.1 -F"
+    log = root / "server.log"
+    _run_as_server_user([_pg_ctl(), "-D", str(root / "data"), "-l", str(log), "-o", options, "-w", "start"])
+
+
+def stop(root: Path) -> None:
+    """Stop the cluster under `root` at once (a crash, as far as its clients can tell); no-op if stopped."""
+    data = root / "data"
+    if (data / "postmaster.pid").exists():
+        _run_as_server_user([_pg_ctl(), "-D", str(data), "-m", "immediate", "stop"])
 
 
 def new_database(server_url: str) -> str:

@@ -3,12 +3,13 @@ or streamed. Shared by chat and text completions."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import orjson
-from fastapi import Response
+from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
 from proxy.api.retries import RetryIdentity, recorded_answer, replayed_results
@@ -32,6 +33,29 @@ async def _held(events: AsyncIterator[bytes], exit_stack: contextlib.AsyncExitSt
             yield event
 
 
+async def _watch_disconnect(client: Request, gone: asyncio.Event) -> None:
+    """Sets `gone` when the client hangs up (its body is read: the next message is the disconnect)."""
+    while (await client.receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
+
+
+async def _run_watched(
+    state: AppState, session_id: str, request: TurnRequest, client: Request | None
+) -> list[TurnResult]:
+    """A plain turn; a client that hangs up before its answer aborts it (as a stream's does)."""
+    if client is None:
+        return await state.turns.run(session_id, request)
+    gone = asyncio.Event()
+    watcher = asyncio.create_task(_watch_disconnect(client, gone))
+    try:
+        return await state.turns.run(session_id, request, client_gone=gone)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
 async def answer(
     state: AppState,
     session_id: str,
@@ -42,9 +66,12 @@ async def answer(
     options: StreamOptions,
     text_completion: bool,
     body_of: Callable[[Sequence[TurnResult]], dict[str, Any]],
+    client: Request | None = None,
 ) -> Response:
+    """`client`: the HTTP request, watched for a disconnect while a plain turn samples."""
     headers = {"X-Session-Id": session_id}
     exit_stack = contextlib.AsyncExitStack()
+    exit_stack.enter_context(state.turns.busy(session_id))
     await exit_stack.enter_async_context(state.retries.hold(session_id, identity))
     try:
         recorded = None
@@ -80,7 +107,7 @@ async def answer(
             held = _held(events, exit_stack.pop_all())
             return event_response(held, headers)
         else:
-            results = await state.turns.run(session_id, request)
+            results = await _run_watched(state, session_id, request, client)
     finally:
         await exit_stack.aclose()
     # Serialized here, once, by orjson: FastAPI's encoder would walk the body in Python first.

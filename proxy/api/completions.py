@@ -105,4 +105,5 @@ async def completions(
         options=options,
         text_completion=True,
         body_of=lambda results: _body(results, body, state, prompt_ids),
+        client=http_request,
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-import uuid
+import secrets
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
@@ -21,6 +21,12 @@ async def get_state(request: Request) -> AppState:
 
 
 StateDep = Annotated[AppState, Depends(get_state)]
+
+
+def new_session_id() -> str:
+    """A session id nobody can guess (128 bits from the OS's CSPRNG): the harness key alone lets a
+    client write to any session it can name."""
+    return secrets.token_hex(16)
 
 
 def check_session_id(session_id: str) -> str:
@@ -42,7 +48,7 @@ async def resolve_session_id(
         )
     chosen = from_path or x_session_id
     if chosen is None:
-        return uuid.uuid4().hex, True
+        return new_session_id(), True
     return check_session_id(chosen), False
 
 

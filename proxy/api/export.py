@@ -53,6 +53,16 @@ async def export_pages(
         yield rows
 
 
+async def _chained(
+    first: list[dict[str, Any]] | None, rest: AsyncIterator[list[dict[str, Any]]]
+) -> AsyncIterator[list[dict[str, Any]]]:
+    if first is None:
+        return
+    yield first
+    async for page in rest:
+        yield page
+
+
 @router.get("/export")
 async def export(
     state: StateDep,
@@ -67,7 +77,9 @@ async def export(
     """Finished sessions after cursor `after`; with `consumer`, only those it has not acked;
     abandoned branches (a retry the harness went on with superseded them) only with `branches=all`."""
     require_pyarrow(format)
-    pages = export_pages(state, mode, after, consumer, branches)
+    # The first page is read before the status line goes out, so that a failing database is a 503.
+    rest = export_pages(state, mode, after, consumer, branches)
+    pages = _chained(await anext(rest, None), rest)
     if format == "parquet":
         return StreamingResponse(parquet_stream(mode, pages), media_type="application/vnd.apache.parquet")
 

@@ -147,6 +147,7 @@ async def chat_completions(
         options=options,
         text_completion=False,
         body_of=lambda results: _completion_body(results, body.model, state, top_logprobs),
+        client=http_request,
     )
 
 

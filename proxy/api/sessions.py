@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import uuid
 from collections import Counter
 from datetime import datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
-from proxy.api.deps import StateDep, check_session_id
+from proxy.api.deps import StateDep, check_session_id, new_session_id
 from proxy.api.schemas import RowId
 from proxy.errors import Conflict, InvalidRequest, NotFound
 from proxy.export.branches import BranchFilter
@@ -29,8 +28,9 @@ class NewSession(BaseModel):
 
 class RewardBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    reward: float | None = None
-    call_rewards: dict[RowId, float] | None = None
+    # NaN or infinity would erase the reward in the record (JSON has neither): a 400 instead.
+    reward: FiniteFloat | None = None
+    call_rewards: dict[RowId, FiniteFloat] | None = None
 
 
 def session_json(session: SessionRow) -> dict[str, Any]:
@@ -55,7 +55,7 @@ async def _session(repo: Repository, session_id: str) -> SessionRow:
 
 @router.post("", status_code=201)
 async def create_session(body: NewSession, state: StateDep) -> dict[str, Any]:
-    session_id = check_session_id(body.id) if body.id is not None else uuid.uuid4().hex
+    session_id = check_session_id(body.id) if body.id is not None else new_session_id()
     async with state.db_sessions() as db, db.begin():
         created = await Repository(db).create_session(session_id, body.metadata, datetime.now())
         if created is None:

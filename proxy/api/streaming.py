@@ -239,7 +239,10 @@ async def _choice_events(
                         weight_version=version,
                         meta=meta,
                     )
-                    await turns.record(turn, partial, status="aborted", choice_index=index)
+                    try:
+                        await turns.record(turn, partial, status="aborted", choice_index=index)
+                    except ProxyError as exc:  # finished meanwhile, or the database is down
+                        log.warning("session %s: aborted turn not recorded: %s", turn.session_id, exc.message)
 
 
 async def open_streams(

@@ -140,7 +140,11 @@ class Engine(Protocol):
     # The engine's own context budget, so that a turn the proxy accepts is one the engine accepts.
     limits: ContextLimits
 
-    async def generate(self, input_ids: PromptIds, params: SamplingParams) -> Generation: ...
+    async def generate(
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str | None = None
+    ) -> Generation:
+        """Sample a whole turn; `request_id` is what abort() names it by (made up when None)."""
+        ...
 
     async def stream(
         self, input_ids: PromptIds, params: SamplingParams, request_id: str

@@ -103,8 +103,10 @@ class CheckedEngine:
         self.supports_constraints = inner.supports_constraints
         self.limits: ContextLimits = inner.limits
 
-    async def generate(self, input_ids: PromptIds, params: SamplingParams) -> Generation:
-        generation = await self.inner.generate(input_ids, params)
+    async def generate(
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str | None = None
+    ) -> Generation:
+        generation = await self.inner.generate(input_ids, params, request_id)
         return check_generation(generation, vocab_size=self.vocab_size, top_wanted=params.top_logprobs > 0)
 
     async def stream(

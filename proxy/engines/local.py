@@ -83,8 +83,17 @@ class LocalEngine:
             raise InvalidRequest("prompt holds a token id outside the model's vocabulary")
         return input_ids
 
-    async def generate(self, prompt: PromptIds, params: SamplingParams) -> Generation:
-        return await self._run(self._prompt(prompt), params, threading.Event(), None)
+    async def generate(
+        self, prompt: PromptIds, params: SamplingParams, request_id: str | None = None
+    ) -> Generation:
+        cancel = threading.Event()
+        if request_id is not None:
+            self._streams[request_id] = cancel  # abort(request_id) stops it between two tokens
+        try:
+            return await self._run(self._prompt(prompt), params, cancel, None)
+        finally:
+            if request_id is not None:
+                self._streams.pop(request_id, None)
 
     async def _run(
         self, input_ids: list[int], params: SamplingParams, cancel: threading.Event, on_token: OnToken | None

@@ -218,8 +218,10 @@ class SGLangEngine:
             response.release()
         raise refusal(response.status, _error_message(response.status, content))
 
-    async def generate(self, input_ids: PromptIds, params: SamplingParams) -> Generation:
-        payload = _request_payload(input_ids, params, uuid.uuid4().hex, stream=False)
+    async def generate(
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str | None = None
+    ) -> Generation:
+        payload = _request_payload(input_ids, params, request_id or uuid.uuid4().hex, stream=False)
         response = await self._send("/generate", payload)
         await self._raise_for_status(response)
         try:

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
+
+from proxy.errors import Conflict, DatabaseUnavailable, ProxyError
 
 _ASYNC_DRIVERS = {
     "sqlite": "sqlite+aiosqlite",
@@ -72,5 +76,42 @@ def create_engine(url: str) -> AsyncEngine:
     return engine
 
 
+def is_database_failure(error: BaseException) -> bool:
+    """Whether an exception is the database failing, whichever layer raised it: SQLAlchemy wraps the
+    driver's errors once connected, but a refused connection surfaces as the driver's own (asyncpg
+    raises OSError, or its PostgresError while the server starts or stops)."""
+    if isinstance(error, ProxyError):
+        return False
+    return isinstance(error, SQLAlchemyError | OSError) or type(error).__module__.startswith(
+        ("asyncpg", "aiosqlite", "sqlite3")
+    )
+
+
+def database_error(error: BaseException) -> ProxyError:
+    """The one mapping of a database failure to what the client is told: a 409 for a write that a
+    concurrent one made impossible, else a 503 (nothing was written: the transaction rolled back)."""
+    if isinstance(error, IntegrityError):
+        return Conflict("the record changed while this request ran; nothing was written, retry it")
+    reason = error.orig if isinstance(error, DBAPIError) else error  # the driver's words, not the SQL
+    return DatabaseUnavailable(f"the database failed, nothing was written: {reason or type(reason).__name__}")
+
+
+class GuardedSession(DbSession):
+    """A database session whose failures leave its `async with` block as a DatabaseUnavailable (503
+    in the envelope), however they arise: a query, the commit, the connection, closing."""
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        try:
+            await super().__aexit__(kind, error, traceback)
+        except Exception as closing:
+            if not is_database_failure(closing):
+                raise
+            raise database_error(error if error is not None else closing) from closing
+        if error is not None and is_database_failure(error):
+            raise database_error(error) from error
+
+
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[DbSession]:
-    return async_sessionmaker(engine, expire_on_commit=False)
+    return async_sessionmaker(engine, expire_on_commit=False, class_=GuardedSession)

@@ -74,14 +74,24 @@ class Repository:
             return None
         return row
 
-    async def finish_session(self, session: SessionRow) -> None:
-        """Finished sessions get the next export cursor; finishing twice changes nothing."""
-        if session.status == "finished":
-            return
-        session.status = "finished"
-        session.finished_at = session.updated_at = utcnow()
-        self.db.add(FinishedRow(session_id=session.id))
-        await self.db.flush()
+    async def finish_session(self, session: SessionRow, *, idle_before: datetime | None = None) -> bool:
+        """Finish an active session (only if idle since `idle_before`, when given); it gets the next
+        export cursor. One conditional UPDATE: it waits for a turn's commit holding the row, and a
+        turn committing later sees the finish and is refused. Finishing twice changes nothing."""
+        now = utcnow()
+        query = update(SessionRow).where(SessionRow.id == session.id, SessionRow.status == "active")
+        if idle_before is not None:
+            query = query.where(SessionRow.updated_at < idle_before)
+        result = await self.db.execute(
+            query.values(status="finished", finished_at=now, updated_at=now),
+            execution_options={"synchronize_session": False},
+        )
+        changed = bool(getattr(result, "rowcount", 0))
+        if changed:
+            self.db.add(FinishedRow(session_id=session.id))
+            await self.db.flush()
+        await self.db.refresh(session)
+        return changed
 
     async def idle_sessions(self, idle_before: datetime, limit: int = 500) -> Sequence[SessionRow]:
         result = await self.db.scalars(

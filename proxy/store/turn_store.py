@@ -27,8 +27,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from proxy.errors import Conflict, ProxyError, RecordFailed
-from proxy.store.database import sqlite_pragmas
+from proxy.errors import Conflict, ProxyError, RecordFailed, SessionFinished
+from proxy.store.database import database_error, is_database_failure, sqlite_pragmas
 from proxy.store.models import CallRow, SegmentRow, SessionRow
 from proxy.store.repository import utcnow
 
@@ -145,11 +145,13 @@ _NEW_CALL_FIELDS = tuple(f.name for f in fields(NewCall))
 
 
 def _session_upsert(insert_for: Any) -> Any:
-    """Creates a session on its first call and marks it touched on every later one."""
+    """Creates a session on its first call and marks it touched on every later one; returns each
+    session's status as the commit sees it (the upsert holds the row: SQLite's one writer, or
+    PostgreSQL's row lock, which a concurrent finish waits for or has released)."""
     statement = insert_for(_SESSIONS)
     return statement.on_conflict_do_update(
         index_elements=[_SESSIONS.c.id], set_={"updated_at": statement.excluded.updated_at}
-    )
+    ).returning(_SESSIONS.c.id, _SESSIONS.c.status)
 
 
 # Core statements, built once: ORM-level inserts with .values() rebuild and re-key a statement per
@@ -169,13 +171,22 @@ def write_turns(db: Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
     first_render: dict[str, datetime] = {}
     for write in writes:
         first_render.setdefault(write.session_id, write.template_now)
-    db.execute(
+    statuses = db.execute(
         _UPSERT_SESSIONS[db.dialect.name],
         [
             {"id": session_id, "status": "active", "created_at": now, "updated_at": now, "template_now": at}
             for session_id, at in first_render.items()
         ],
-    )
+    ).all()
+    finished = sorted(session_id for session_id, status in statuses if status == "finished")
+    if finished:
+        # The rule: no turn is recorded after its session's finish, so none is missing from the
+        # export that follows it. The whole transaction is refused (the writer retries a group's
+        # other turns alone).
+        raise SessionFinished(
+            f"session {finished[0]!r} was finished while this turn ran; the turn is not recorded",
+            param="session_id",
+        )
     calls = [call for write in writes for call in write.calls]
     rows = [{name: getattr(call, name) for name in _NEW_CALL_FIELDS} | {"created_at": now} for call in calls]
     opening = [row for row in rows if row["segment_id"] is None]  # each opens a segment of its own
@@ -193,7 +204,7 @@ def write_turns(db: Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
     return per_write
 
 
-def recording_error(error: SQLAlchemyError) -> ProxyError:
+def recording_error(error: BaseException) -> ProxyError:
     """What the client is told when its turn cannot be committed (nothing of it is recorded)."""
     if isinstance(error, IntegrityError):
         # A session or segment deleted while the turn ran: its rows have nothing to belong to.
@@ -215,20 +226,28 @@ class TurnStore(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None: ...
 
+    async def _read(self, query: Query, params: dict[str, Any]) -> Sequence[Any]:
+        try:
+            return await self._rows(query, params)
+        except Exception as exc:
+            if is_database_failure(exc):
+                raise database_error(exc) from exc
+            raise
+
     async def session_state(self, session_id: str) -> SessionState | None:
-        rows = await self._rows(_SESSION_STATE, {"session": session_id})
+        rows = await self._read(_SESSION_STATE, {"session": session_id})
         return SessionState(status=rows[0].status, template_now=rows[0].template_now) if rows else None
 
     async def calls_with_history(self, session_id: str, history_key: str) -> list[ContinuedCall]:
-        rows = await self._rows(_WITH_HISTORY, {"session": session_id, "key": history_key})
+        rows = await self._read(_WITH_HISTORY, {"session": session_id, "key": history_key})
         return [ContinuedCall(*row) for row in rows]
 
     async def latest_answered(self, session_id: str, limit: int) -> list[ContinuedCall]:
-        rows = await self._rows(_LATEST_ANSWERED, {"session": session_id, "limit": limit})
+        rows = await self._read(_LATEST_ANSWERED, {"session": session_id, "limit": limit})
         return [ContinuedCall(*row) for row in rows]
 
     async def segment_rows(self, segment_id: int) -> list[SegmentCall]:
-        return [SegmentCall(*row) for row in await self._rows(_SEGMENT, {"segment": segment_id})]
+        return [SegmentCall(*row) for row in await self._read(_SEGMENT, {"segment": segment_id})]
 
 
 class AsyncTurnStore(TurnStore):
@@ -245,8 +264,10 @@ class AsyncTurnStore(TurnStore):
         try:
             async with self._engine.begin() as db:
                 [call_ids] = await db.run_sync(write_turns, [write])
-        except SQLAlchemyError as exc:
-            raise recording_error(exc) from exc
+        except Exception as exc:
+            if is_database_failure(exc):
+                raise recording_error(exc) from exc
+            raise
         return call_ids
 
     async def close(self) -> None:

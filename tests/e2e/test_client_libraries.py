@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -74,18 +76,33 @@ def test_async_sdk_tool_round_trip_with_n_choices_and_a_stream(
     assert sorted(s["num_calls"] for s in found) == [1, 2]  # two branches; the echoed one continued
 
 
-def test_sdk_retry_after_a_client_timeout_is_answered_from_the_record(
+def test_sdk_retry_after_a_client_timeout_samples_afresh_and_the_abandoned_attempt_is_aborted(
     proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
 ) -> None:
-    engine.fault, engine.hang_s = "hang", 1.5  # slower than the client's timeout
+    # The SDK gives up on the first attempt (it hangs past the client's timeout) and closes its
+    # connection: the proxy aborts that engine request and records it as aborted, so the retry is
+    # sampled afresh and only the answered attempt is ever exported.
+    engine.fault, engine.hang_s = "hang", 30.0
+    _push(engine, qwen_tokenizer, ANSWER)
     _push(engine, qwen_tokenizer, ANSWER)
     client = OpenAI(base_url=f"{proxy_url}/sessions/retry/v1", api_key="unused", max_retries=2, timeout=1.0)
-    answer = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(
+            client.chat.completions.create, model="m", messages=[{"role": "user", "content": "hi"}]
+        )
+        deadline = time.monotonic() + 30
+        while not engine.requests:  # the first attempt has reached the engine: the next ones answer
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        engine.fault = None
+        answer = pending.result()
     assert answer.choices[0].message.content == ANSWER
-    retries = [r for r in engine.requests if r.get("stream") is False]
-    assert len(retries) == 1, "the SDK's retry was sampled a second time"
+    first, retry = engine.requests
+    assert engine.aborted == [first["rid"]]
+    assert retry["rid"] != first["rid"]
     [segment] = segments(proxy_url, "retry")
     assert segment["num_calls"] == 1
+    assert httpx.get(f"{proxy_url}/sessions/retry").json()["calls_by_status"] == {"aborted": 1, "ok": 1}
 
 
 def test_litellm_tool_round_trip_plain_then_streamed(

@@ -4,6 +4,7 @@ answers with scripted token ids and logprobs, so tests know exactly what the eng
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import uuid
@@ -83,6 +84,8 @@ class FakeSGLang:
     fault: str | None = None
     hang_s: float = 30.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # Plain requests under way, by rid: /abort_request ends their hang with an abort, as SGLang does.
+    _hanging: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def push(
         self, ids: list[Any], logprobs: list[Any] | None = None, *, finish: dict[str, Any] | None = None
@@ -161,8 +164,13 @@ class FakeSGLang:
             )
         if self.fault == "malformed_json":
             return Response(b'{"text": "oops", "output_ids": [1, 2', media_type="application/json")
+        aborted = False
         if self.fault == "hang":
-            await asyncio.sleep(self.hang_s)
+            rid = str(body.get("rid"))
+            self._hanging[rid] = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._hanging[rid].wait(), self.hang_s)
+            aborted = self._hanging.pop(rid).is_set()
         params = body.get("sampling_params") or {}
         unknown = sorted(set(params) - SAMPLING_KEYS)
         if unknown:
@@ -201,6 +209,9 @@ class FakeSGLang:
         max_new = params.get("max_new_tokens", 128)
         params = {**params, "max_new_tokens": cap if max_new is None else min(max_new, cap)}
         ids, logprobs, finish = self._sample(params)
+        if aborted:  # SGLang answers an aborted request with what it sampled so far
+            ids, logprobs = ids[:1], logprobs[:1]
+            finish = {"type": "abort", "message": "Abort in waiting queue"}
         top_count = int(body.get("top_logprobs_num") or 0)
         if body.get("stream"):
             return StreamingResponse(
@@ -355,7 +366,11 @@ class FakeSGLang:
 
     async def abort(self, request: Request) -> JSONResponse:
         body = await request.json()
-        self.aborted.append(str(body.get("rid")))
+        rid = str(body.get("rid"))
+        self.aborted.append(rid)
+        for hanging, event in self._hanging.items():
+            if hanging.startswith(rid):  # SGLang matches rids by prefix
+                event.set()
         return JSONResponse({})
 
     def app(self) -> Starlette:

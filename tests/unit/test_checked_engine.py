@@ -40,7 +40,9 @@ class ScriptedEngine:
         self.chunks = chunks or []
         self.closed = False
 
-    async def generate(self, input_ids: PromptIds, params: SamplingParams) -> Generation:
+    async def generate(
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str | None = None
+    ) -> Generation:
         assert self.answer is not None
         return self.answer
 

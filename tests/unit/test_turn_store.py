@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, event
 
-from proxy.errors import Conflict
+from proxy.errors import Conflict, SessionFinished
 from proxy.store.database import create_engine, upgrade_blocking
 from proxy.store.turn_store import AsyncTurnStore, SqliteTurnStore, TurnStore
 from tests.turn_writes import turn_write
@@ -163,3 +163,32 @@ def test_a_cancelled_request_still_has_its_turn_committed(db: Path) -> None:
 
     asyncio.run(scenario())
     assert len(_recorded_ids(db)) == 1
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_a_turn_of_a_finished_session_is_refused_at_its_commit_and_others_commit(db: Path, kind: str) -> None:
+    async def scenario() -> list[object]:
+        store = STORES[kind](f"sqlite:///{db}")
+        try:
+            await store.record(turn_write("done"))
+            with sqlite3.connect(db) as other:  # the trainer's finish, committed by another connection
+                other.execute("update sessions set status = 'finished' where id = 'done'")
+            holder = _hold_write_lock(db)  # so that the three writes below queue, and group
+            pending = [
+                asyncio.create_task(store.record(turn_write(session))) for session in ("a", "done", "b")
+            ]
+            await asyncio.sleep(0.2)
+            holder.rollback()
+            holder.close()
+            return await asyncio.gather(*pending, return_exceptions=True)
+        finally:
+            await store.close()
+
+    good_a, refused, good_b = asyncio.run(scenario())
+    assert isinstance(refused, SessionFinished)
+    assert refused.status_code == 409
+    assert isinstance(good_a, list)
+    assert isinstance(good_b, list)
+    with sqlite3.connect(db) as other:
+        per_session = dict(other.execute("select session_id, count(*) from calls group by session_id"))
+    assert per_session == {"done": 1, "a": 1, "b": 1}  # nothing of the refused turn
