@@ -88,7 +88,7 @@ def test_sdk_retry_after_a_client_timeout_samples_afresh_and_the_abandoned_attem
     client = OpenAI(base_url=f"{proxy_url}/sessions/retry/v1", api_key="unused", max_retries=2, timeout=1.0)
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(
-            client.chat.completions.create, model="m", messages=[{"role": "user", "content": "hi"}]
+            lambda: client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
         )
         deadline = time.monotonic() + 30
         while not engine.requests:  # the first attempt has reached the engine: the next ones answer
