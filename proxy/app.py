@@ -13,13 +13,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from proxy.api import admin, completions, export, health, openai, sessions
+from proxy.api import admin, export, health, models, sessions
 from proxy.api.auth import require_admin_key, require_harness_key
 from proxy.app_state import AppState
 from proxy.chat.parsing import build_parser
 from proxy.chat.renderer import Renderer
 from proxy.chat.tokenizer import load_tokenizer_files
 from proxy.config import Settings
+from proxy.dialects import chat, completions
 from proxy.engines.base import Engine
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.store.database import create_engine, session_factory, upgrade_to_head
@@ -102,7 +103,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
 
     app = FastAPI(title="tito-proxy", version="0.1.0", lifespan=lifespan)
     harness = [Depends(require_harness_key)]
-    for surface in (openai.router, completions.router):
+    for surface in (models.router, chat.router, completions.router):
         app.include_router(surface, dependencies=harness)
         app.include_router(surface, prefix="/sessions/{session_id}", dependencies=harness)
     for recorded in (sessions.router, export.router, admin.router):

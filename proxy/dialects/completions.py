@@ -16,11 +16,11 @@ from proxy.api.answering import answer
 from proxy.api.deps import SessionIdDep, StateDep
 from proxy.api.json_route import OrjsonRoute
 from proxy.api.logprobs import answered_logprobs, completion_logprobs
-from proxy.api.openai import sampling_params
 from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import CompletionRequest
 from proxy.api.streaming import StreamOptions
 from proxy.app_state import AppState
+from proxy.dialects.chat import sampling_params
 from proxy.turns import TurnRequest, TurnResult
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OrjsonRoute)
