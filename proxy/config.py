@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     # exports and weight versions. Without an admin key those need the harness key (if one is set).
     api_key: SecretStr | None = None
     admin_key: SecretStr | None = None
+    # Signs the reasoning we sampled (Anthropic thinking signatures, Responses encrypted_content), so an
+    # echoed copy is recognised after a restart too; random per process when unset.
+    reasoning_secret: SecretStr | None = None
 
     @model_validator(mode="after")
     def _tokenizer_source(self) -> Settings:

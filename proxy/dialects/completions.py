@@ -90,6 +90,7 @@ async def completions(
         raw=body.model_dump(exclude={"prompt"}, exclude_none=True),
         choices=body.n or 1,
         prompt_ids=prompt_ids,
+        dialect="completions",
         idempotency_key=identity.idempotency_key if identity else None,
         request_hash=identity.request_hash if identity else None,
     )
