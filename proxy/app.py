@@ -20,7 +20,7 @@ from proxy.chat.parsing import build_parser
 from proxy.chat.renderer import Renderer
 from proxy.chat.tokenizer import load_tokenizer_files
 from proxy.config import Settings
-from proxy.dialects import chat, completions, responses
+from proxy.dialects import anthropic, chat, completions, responses
 from proxy.engines.base import Engine
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.store.database import create_engine, session_factory, upgrade_to_head
@@ -103,7 +103,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
 
     app = FastAPI(title="tito-proxy", version="0.1.0", lifespan=lifespan)
     harness = [Depends(require_harness_key)]
-    for surface in (models.router, chat.router, completions.router, responses.router):
+    for surface in (models.router, chat.router, completions.router, responses.router, anthropic.router):
         app.include_router(surface, dependencies=harness)
         app.include_router(surface, prefix="/sessions/{session_id}", dependencies=harness)
     for recorded in (sessions.router, export.router, admin.router):
