@@ -85,7 +85,7 @@ async def message_events(
     """The whole stream of one message; `held` (the retry lock) is released after the last event."""
     assert answer.events is not None
     blocks = _Blocks(shape)
-    async with held:
+    async with held, contextlib.aclosing(answer.events):
         yield _event("message_start", message=shape.start(answer.prompt_tokens))
         yield _event("ping")
         async for event in answer.events:
@@ -102,7 +102,7 @@ async def message_events(
             elif isinstance(event, Failed):
                 error = {"type": "api_error", "message": event.error.get("message", "")}
                 yield _event("error", error=error)
-                return
+                # No return: the core ends its stream by recording the partial turn as aborted.
             elif isinstance(event, Finished):
                 for chunk in blocks.close():
                     yield chunk

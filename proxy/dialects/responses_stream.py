@@ -109,7 +109,7 @@ async def response_events(
     """The whole stream of one response; `held` (the retry lock) is released after the last event."""
     assert answer.events is not None
     writer = _Writer(shape)
-    async with held:
+    async with held, contextlib.aclosing(answer.events):
         started = shape.response("in_progress", [])
         yield writer.event("response.created", response=started)
         yield writer.event("response.in_progress", response=started)
@@ -135,7 +135,7 @@ async def response_events(
                     error={"code": error.get("code") or "server_error", "message": error.get("message")},
                 )
                 yield writer.event("response.failed", response=failed)
-                return
+                # No return: the core ends its stream by recording the partial turn as aborted.
             elif isinstance(event, Finished):
                 for chunk in writer.close():
                     yield chunk

@@ -9,7 +9,7 @@ an answered request (same Idempotency-Key, or an SDK retry with the same body) r
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,7 +106,7 @@ def _translated(payload: dict[str, Any], calls: _Calls, results: list[TurnResult
 
 async def streamed(
     state: AppState, session_id: str, request: TurnRequest
-) -> tuple[int, AsyncIterator[TurnEvent]]:
+) -> tuple[int, AsyncGenerator[TurnEvent, None]]:
     """One turn sampled from the engine's stream: its prompt's length, and its events (committed
     before `Finished`). Raises before any event when the request or the engine refuses."""
     turn = await state.turns.prepare(session_id, request)
@@ -116,7 +116,7 @@ async def streamed(
 
 async def _streamed_events(
     state: AppState, turn: PreparedTurn, request_id: str, chunks: AsyncIterator[StreamChunk]
-) -> AsyncIterator[TurnEvent]:
+) -> AsyncGenerator[TurnEvent, None]:
     results: list[TurnResult] = []
     options = StreamOptions(
         model=state.model_name,
@@ -164,7 +164,7 @@ def replayed(result: TurnResult) -> list[TurnEvent]:
     return events
 
 
-async def _listed(events: list[TurnEvent]) -> AsyncIterator[TurnEvent]:
+async def _listed(events: list[TurnEvent]) -> AsyncGenerator[TurnEvent, None]:
     for event in events:
         yield event
 
@@ -174,7 +174,7 @@ class Answer:
     """What the core gave: results of a plain turn, or a stream of events; `replayed` for a retry."""
 
     results: list[TurnResult] | None = None
-    events: AsyncIterator[TurnEvent] | None = None
+    events: AsyncGenerator[TurnEvent, None] | None = None
     prompt_tokens: int = 0
     replayed: bool = False
 
