@@ -48,10 +48,8 @@ _INERT = frozenset(
         "stream_options",
     }
 )
-# `include` values: what to put in the answer, never what is sampled.
-_INCLUDES = frozenset(
-    {"reasoning.encrypted_content", "message.output_text.logprobs", "message.input_image.image_url"}
-)
+# `include` values we can fill: what to put in the answer, never what is sampled.
+_INCLUDES = frozenset({"reasoning.encrypted_content"})
 
 
 class ResponsesRequest(BaseModel):
