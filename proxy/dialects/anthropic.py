@@ -66,8 +66,19 @@ class AnthropicRoute(OrjsonRoute):
 
 router = APIRouter(prefix="/v1", tags=["anthropic"], route_class=AnthropicRoute)
 
-# Fields that change nothing about the sample: accepted and recorded.
-_INERT = frozenset({"metadata", "service_tier"})
+# Fields that change nothing about the sample (routing, caching, accounting): accepted and recorded.
+_INERT = frozenset(
+    {
+        "metadata",
+        "service_tier",
+        "cache_control",
+        "inference_geo",
+        "speed",
+        "user_profile_id",
+        "workspace_id",
+        "diagnostics",
+    }
+)
 
 
 class MessagesRequest(BaseModel):
@@ -101,7 +112,13 @@ class MessagesRequest(BaseModel):
                 )
         if set(self.output_config or {}) - {"effort", "format"}:
             raise UnsupportedParameter("output_config supports effort and format", param="output_config")
-        if (self.thinking or {}).get("type") not in (None, "enabled", "disabled", "adaptive"):
+        if (self.thinking or {}).get("type") not in (
+            None,
+            "enabled",
+            "disabled",
+            "adaptive",
+            "between_tools",
+        ):
             raise UnsupportedParameter("unknown thinking type", param="thinking.type")
 
     def template_kwargs(self) -> dict[str, Any] | None:

@@ -144,3 +144,23 @@ def test_count_tokens_is_the_rendered_prompt(proxy_url: str, engine: FakeSGLang)
         message = client.messages.create(max_tokens=8, **body)
     assert counted.input_tokens == message.usage.input_tokens
     assert len(engine.requests[-1]["input_ids"]) == counted.input_tokens
+
+
+def test_a_stop_sequence_ends_the_turn_and_is_named(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    engine.push(qwen_tokenizer.encode("abc STOP def").ids)
+    with client_for(proxy_url, "a-stop") as client:
+        message = client.messages.create(
+            model="m",
+            max_tokens=64,
+            messages=[{"role": "user", "content": "go"}],
+            stop_sequences=["STOP"],
+            extra_body={"top_k": 5},
+        )
+    assert message.stop_reason == "stop_sequence"
+    assert message.stop_sequence == "STOP"
+    [block] = message.content
+    assert block.type == "text"
+    assert block.text == "abc "  # the text before the stop sequence, as chat's stop strings
+    assert engine.requests[-1]["sampling_params"]["top_k"] == 5

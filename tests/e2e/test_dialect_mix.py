@@ -120,3 +120,27 @@ def test_a_retried_anthropic_request_is_answered_from_the_record(
     assert replay.headers["X-Tito-Replayed"] == "true"
     assert replay.json()["content"] == first.json()["content"]
     assert len(engine.requests) == 1
+
+
+def test_a_retried_responses_stream_is_replayed_from_the_record(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    push(engine, qwen_tokenizer, "<think>\nx\n</think>\n\n" + call_text("lookup", {"word": "a"}))
+    url = f"{proxy_url}/sessions/retry-r/v1/responses"
+    body = {
+        "model": "m",
+        "input": "hi",
+        "stream": True,
+        "tools": [{"type": "function", "name": "lookup", "parameters": SCHEMA}],
+    }
+    outputs = []
+    for _ in range(2):
+        with httpx.stream("POST", url, json=body, headers={"Idempotency-Key": "k"}, timeout=30) as response:
+            lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+        final = json.loads(lines[-1][6:])
+        assert final["type"] == "response.completed"
+        outputs.append(
+            [(i["type"], i.get("call_id"), i.get("arguments")) for i in final["response"]["output"]]
+        )
+    assert outputs[0] == outputs[1]
+    assert len(engine.requests) == 1
