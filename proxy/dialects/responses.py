@@ -199,6 +199,7 @@ async def create_response(
         model=body.model,
         created_at=int(time.time()),
         sealer=sealer if "reasoning.encrypted_content" in (body.include or []) else None,
+        think_close=state.renderer.token_id("</think>"),
     )
     headers = {"X-Session-Id": session_id}
     exit_stack = contextlib.AsyncExitStack()

@@ -23,6 +23,7 @@ class ResponseShape:
     model: str
     created_at: int
     sealer: Sealer | None  # set when the client included reasoning.encrypted_content
+    think_close: int | None = None  # the id of `</think>`, to count reasoning tokens
 
     @property
     def _suffix(self) -> str:
@@ -124,8 +125,20 @@ class ResponseShape:
             "metadata": body.get("metadata") or {},
         }
 
+    def usage(self, result: TurnResult) -> dict[str, Any]:
+        return usage_of(result, self._reasoning_tokens(result))
+
+    def _reasoning_tokens(self, result: TurnResult) -> int:
+        """Sampled tokens up to and including the reasoning's close; all of them if it never closed."""
+        if not result.output.reasoning_content:
+            return 0
+        ids = result.generation.output_ids
+        if self.think_close is not None and self.think_close in ids:
+            return ids.index(self.think_close) + 1
+        return len(ids) if not (result.output.content or result.output.tool_calls) else 0
+
     def completed(self, result: TurnResult) -> dict[str, Any]:
-        return self.response(status_of(result), self.output(result), usage_of(result))
+        return self.response(status_of(result), self.output(result), self.usage(result))
 
 
 def status_of(result: TurnResult) -> str:
@@ -136,11 +149,11 @@ def output_text(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def usage_of(result: TurnResult) -> dict[str, Any]:
+def usage_of(result: TurnResult, reasoning_tokens: int) -> dict[str, Any]:
     return {
         "input_tokens": result.prompt_tokens,
         "input_tokens_details": {"cached_tokens": 0},
         "output_tokens": result.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": result.prompt_tokens + result.completion_tokens,
     }

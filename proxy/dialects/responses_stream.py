@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.responses_output import ResponseShape, output_text, status_of, usage_of
+from proxy.dialects.responses_output import ResponseShape, output_text, status_of
 from proxy.dialects.turn_events import (
     Answer,
     Failed,
@@ -142,6 +142,6 @@ async def response_events(
                 result = event.result
                 status = status_of(result)
                 # The items as recorded: the final parse decides, the streamed pieces only preview it.
-                final = shape.response(status, shape.output(result), usage_of(result))
+                final = shape.response(status, shape.output(result), shape.usage(result))
                 yield writer.event(f"response.{status}", response=final)
                 return

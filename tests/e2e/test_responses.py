@@ -51,6 +51,8 @@ def test_plain_answer_has_reasoning_message_and_usage(
     assert reasoning.content[0].text == "Short."
     assert response.usage is not None
     assert response.usage.output_tokens == len(output.ids)
+    think_close = token_id(qwen_tokenizer, "</think>")
+    assert response.usage.output_tokens_details.reasoning_tokens == output.ids.index(think_close) + 1
     [segment] = segments(proxy_url, "r-plain")
     assert_invariants(segment, engine.requests, [output])
 
