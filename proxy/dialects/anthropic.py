@@ -112,6 +112,12 @@ class MessagesRequest(BaseModel):
                 )
         if set(self.output_config or {}) - {"effort", "format"}:
             raise UnsupportedParameter("output_config supports effort and format", param="output_config")
+        if self.messages[-1].get("role") == "assistant":
+            # A prefill asks the model to continue that text inside its turn; the turn core samples
+            # whole turns after a generation prompt, so it cannot be honoured exactly.
+            raise UnsupportedParameter(
+                "a final assistant message (prefill) is not supported", param="messages"
+            )
         if (self.thinking or {}).get("type") not in (
             None,
             "enabled",

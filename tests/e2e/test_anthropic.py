@@ -107,12 +107,13 @@ def test_a_signature_we_did_not_issue_opens_a_new_segment(
 
 def test_errors_come_in_anthropics_shape(proxy_url: str) -> None:
     url = f"{proxy_url}/sessions/a-err/v1/messages"
-    base = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    base: dict[str, Any] = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
     for body in (
         {"model": "m", "messages": []},
         {**base, "tool_choice": {"type": "any", "disable_parallel_tool_use": True}},
         {**base, "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
         {**base, "frequency_penalty": 1},
+        {**base, "messages": [*base["messages"], {"role": "assistant", "content": "Sure,"}]},
     ):
         answer = httpx.post(url, json=body, timeout=30)
         assert answer.status_code == 400, answer.text
