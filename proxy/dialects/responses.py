@@ -152,7 +152,7 @@ async def _messages(
     return [*stored, *added]
 
 
-def _session(session: tuple[str, bool], body: ResponsesRequest, request: Request) -> str:
+def _session(session: tuple[str, bool], body: ResponsesRequest) -> str:
     session_id, created = session
     if body.previous_response_id is None:
         return session_id
@@ -172,7 +172,7 @@ async def create_response(
     body: ResponsesRequest, state: StateDep, session: SessionIdDep, http_request: Request
 ) -> Response:
     body.check_supported()
-    session_id = _session(session, body, http_request)
+    session_id = _session(session, body)
     sealer = Sealer(state.settings.reasoning_secret)
     messages = await _messages(state, session_id, body, sealer)
     if not messages:

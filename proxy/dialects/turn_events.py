@@ -20,7 +20,7 @@ from proxy.api.retries import RetryIdentity, recorded_answer, replayed_results
 from proxy.api.streaming import ChunkWriter, StreamOptions, _choice_events, open_streams
 from proxy.app_state import AppState
 from proxy.engines.base import StreamChunk
-from proxy.errors import InvalidRequest, ProxyError
+from proxy.errors import InvalidRequest
 from proxy.store.repository import Repository
 from proxy.turns import PreparedTurn, TurnRequest, TurnResult
 
@@ -209,8 +209,3 @@ async def run_turn(
         return Answer(events=events, prompt_tokens=prompt_tokens)
     results = await state.turns.run(session_id, request)
     return Answer(results=results, prompt_tokens=results[0].prompt_tokens)
-
-
-def error_of(exc: ProxyError) -> dict[str, Any]:
-    error: dict[str, Any] = exc.envelope()["error"]
-    return error
