@@ -14,13 +14,14 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from proxy.api import admin, completions, export, health, openai, sessions
+from proxy.api import admin, export, health, models, sessions
 from proxy.api.auth import require_admin_key, require_harness_key
 from proxy.app_state import AppState
 from proxy.chat.call_format import choose_parser
 from proxy.chat.renderer import Renderer
 from proxy.chat.tokenizer import load_tokenizer_files
 from proxy.config import Settings
+from proxy.dialects import anthropic, chat, completions, responses
 from proxy.engines.base import Engine
 from proxy.engines.checked import CheckedEngine
 from proxy.errors import InvalidRequest, ProxyError
@@ -127,7 +128,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         openapi_url=None,
     )
     harness = [Depends(require_harness_key)]
-    for surface in (openai.router, completions.router):
+    for surface in (models.router, chat.router, completions.router, responses.router, anthropic.router):
         app.include_router(surface, dependencies=harness)
         app.include_router(surface, prefix="/sessions/{session_id}", dependencies=harness)
     for recorded in (sessions.router, export.router, admin.router):

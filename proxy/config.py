@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     # Binding beyond loopback without both keys lets anyone on the network drive turns and read every
     # trajectory; it needs saying so explicitly.
     allow_unauthenticated: bool = False
+    # Signs the reasoning we sampled (Anthropic thinking signatures, Responses encrypted_content), so an
+    # echoed copy is recognised after a restart too; random per process when unset.
+    reasoning_secret: SecretStr | None = None
 
     @model_validator(mode="after")
     def _tokenizer_source(self) -> Settings:

@@ -61,6 +61,8 @@ class TurnRequest:
     request_hash: str | None = None
     # A /v1/completions prompt as ids: sent as given, continuing a recorded call it extends.
     prompt_ids: list[int] | None = None
+    # The wire format the request came in (proxy/dialects/), recorded with the call; nothing else reads it.
+    dialect: str = "chat"
 
     @property
     def is_completion(self) -> bool:
@@ -374,6 +376,7 @@ class TurnRunner:
                 "chat_template_kwargs": request.template_kwargs,
                 "body": request.raw,
                 **({"kind": "completion"} if request.is_completion else {}),
+                "dialect": request.dialect,
             },
             response_message=reply,
             sampling_params=turn.params.as_sglang(),

@@ -40,7 +40,7 @@ async def _watch_disconnect(client: Request, gone: asyncio.Event) -> None:
     gone.set()
 
 
-async def _run_watched(
+async def run_watched(
     state: AppState, session_id: str, request: TurnRequest, client: Request | None
 ) -> list[TurnResult]:
     """A plain turn; a client that hangs up before its answer aborts it (as a stream's does)."""
@@ -107,7 +107,7 @@ async def answer(
             held = _held(events, exit_stack.pop_all())
             return event_response(held, headers)
         else:
-            results = await _run_watched(state, session_id, request, client)
+            results = await run_watched(state, session_id, request, client)
     finally:
         await exit_stack.aclose()
     # Serialized here, once, by orjson: FastAPI's encoder would walk the body in Python first.

@@ -13,12 +13,13 @@ from proxy.errors import Forbidden, Unauthorized
 
 
 def _presented(request: Request) -> str | None:
-    """The key a client sent: `Authorization: Bearer KEY` (OpenAI SDKs) or `api-key: KEY` (Azure-style)."""
+    """The key a client sent: `Authorization: Bearer KEY` (OpenAI SDKs), `x-api-key: KEY` (Anthropic
+    SDKs, Claude Code) or `api-key: KEY` (Azure-style)."""
     authorization = request.headers.get("authorization")
     if authorization is not None:
         scheme, _, key = authorization.partition(" ")
         return key.strip() if scheme.lower() == "bearer" else None
-    return request.headers.get("api-key")
+    return request.headers.get("x-api-key") or request.headers.get("api-key")
 
 
 def _matches(presented: str | None, key: SecretStr | None) -> bool:

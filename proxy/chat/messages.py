@@ -11,6 +11,10 @@ import orjson
 
 Message = dict[str, Any]
 
+# Set by a dialect on an echoed assistant message whose reasoning carries a seal we did not issue
+# (an Anthropic thinking signature, a Responses encrypted_content).
+UNVERIFIED_REASONING = "reasoning_unverified"
+
 
 def parse_arguments(arguments: Any) -> Any:
     """Tool-call arguments as a value: OpenAI sends a JSON string, templates want the object."""
@@ -109,6 +113,8 @@ def key_of_canonical(
 
 def reasoning_consistent(echoed: Mapping[str, Any], recorded: Mapping[str, Any]) -> bool:
     """A missing reasoning_content counts as unchanged (clients drop it); a present one must be ours."""
+    if echoed.get(UNVERIFIED_REASONING):
+        return False  # a dialect could not prove this reasoning is what we sampled: an edit
     sent = echoed.get("reasoning_content")
     if sent is None:
         return True

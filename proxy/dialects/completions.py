@@ -16,11 +16,11 @@ from proxy.api.answering import answer
 from proxy.api.deps import SessionIdDep, StateDep
 from proxy.api.json_route import OrjsonRoute
 from proxy.api.logprobs import answered_logprobs, completion_logprobs
-from proxy.api.openai import sampling_params
 from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import CompletionRequest
 from proxy.api.streaming import StreamOptions
 from proxy.app_state import AppState
+from proxy.dialects.chat import sampling_params
 from proxy.turns import TurnRequest, TurnResult
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OrjsonRoute)
@@ -90,6 +90,7 @@ async def completions(
         raw=body.model_dump(exclude={"prompt"}, exclude_none=True),
         choices=body.n or 1,
         prompt_ids=prompt_ids,
+        dialect="completions",
         idempotency_key=identity.idempotency_key if identity else None,
         request_hash=identity.request_hash if identity else None,
     )

@@ -1,4 +1,5 @@
-"""The OpenAI surface: /v1/chat/completions and /v1/models, also under /sessions/{id}."""
+"""The Chat Completions dialect: /v1/chat/completions (also under /sessions/{id}) -> a turn request,
+and turn results -> chat.completion answers (plain, or streamed by proxy/api/streaming.py)."""
 
 from __future__ import annotations
 
@@ -149,26 +150,3 @@ async def chat_completions(
         body_of=lambda results: _completion_body(results, body.model, state, top_logprobs),
         client=http_request,
     )
-
-
-@router.get("/template")
-async def template_report(state: StateDep) -> dict[str, Any]:
-    """The start-up self-test's verdict on the served chat template, and the tool parser chosen."""
-    parser = state.tool_parser.as_json() if state.tool_parser is not None else None
-    return {**state.renderer.verdict.as_json(), "tool_parser": parser}
-
-
-@router.get("/models")
-async def list_models(state: StateDep) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": [
-            {
-                "id": state.model_name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "tito-proxy",
-                "max_model_len": state.context_length,
-            }
-        ],
-    }

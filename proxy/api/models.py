@@ -1,0 +1,35 @@
+"""What is served: /v1/models and the template self-test's verdict (/v1/template), also per session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from proxy.api.deps import StateDep
+from proxy.api.json_route import OrjsonRoute
+
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=OrjsonRoute)
+
+
+@router.get("/template")
+async def template_report(state: StateDep) -> dict[str, Any]:
+    """The start-up self-test's verdict on the served chat template, and the tool parser chosen."""
+    parser = state.tool_parser.as_json() if state.tool_parser is not None else None
+    return {**state.renderer.verdict.as_json(), "tool_parser": parser}
+
+
+@router.get("/models")
+async def list_models(state: StateDep) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": state.model_name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "tito-proxy",
+                "max_model_len": state.context_length,
+            }
+        ],
+    }

@@ -1,0 +1,226 @@
+"""The Anthropic Messages dialect: POST /v1/messages and /v1/messages/count_tokens (also under
+/sessions/{id}) -> a turn request, and the turn's result -> a Message, plain or as Anthropic's
+server-sent events. Errors on these routes come in Anthropic's shape."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from proxy.api.deps import SessionIdDep, StateDep
+from proxy.api.json_route import OrjsonRoute
+from proxy.api.retries import RetryIdentity
+from proxy.app_state import AppState
+from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice, chat_tools
+from proxy.dialects.anthropic_output import MessageShape
+from proxy.dialects.anthropic_stream import message_events
+from proxy.dialects.seals import Sealer
+from proxy.dialects.shared import turn_request
+from proxy.dialects.turn_events import run_turn
+from proxy.errors import ProxyError, UnsupportedParameter
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": _ERROR_TYPES.get(status, "api_error"), "message": message}}
+
+
+class AnthropicRoute(OrjsonRoute):
+    """Errors of these routes, including validation and keys, in Anthropic's error shape."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def in_anthropic_shape(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ProxyError as exc:
+                return JSONResponse(error_body(exc.status_code, exc.message), status_code=exc.status_code)
+            except RequestValidationError as exc:
+                first = exc.errors()[0] if exc.errors() else {}
+                where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+                message = f"{first.get('msg', 'invalid request')}" + (f" (at {where})" if where else "")
+                return JSONResponse(error_body(400, message), status_code=400)
+
+        return in_anthropic_shape
+
+
+router = APIRouter(prefix="/v1", tags=["anthropic"], route_class=AnthropicRoute)
+
+# Fields that change nothing about the sample (routing, caching, accounting): accepted and recorded.
+_INERT = frozenset(
+    {
+        "metadata",
+        "service_tier",
+        "cache_control",
+        "inference_geo",
+        "speed",
+        "user_profile_id",
+        "workspace_id",
+        "diagnostics",
+    }
+)
+
+
+class MessagesRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int = Field(ge=1)
+    system: str | list[dict[str, Any]] | None = None
+    stop_sequences: list[str] | None = Field(default=None, max_length=32)
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    stream: bool | None = None
+    context_management: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
+
+    def check_supported(self) -> None:
+        for name in self.model_extra or {}:
+            if name not in _INERT:
+                raise UnsupportedParameter(f"parameter {name!r} is not supported by tito-proxy", param=name)
+        for edit in (self.context_management or {}).get("edits") or []:
+            # Edits that keep everything change nothing; others would rewrite the history server-side.
+            if edit.get("keep") != "all":
+                raise UnsupportedParameter(
+                    f"context edit {edit.get('type')!r} would drop history; only keep: all",
+                    param="context_management",
+                )
+        if set(self.output_config or {}) - {"effort", "format"}:
+            raise UnsupportedParameter("output_config supports effort and format", param="output_config")
+        if self.messages[-1].get("role") == "assistant":
+            # A prefill asks the model to continue that text inside its turn; the turn core samples
+            # whole turns after a generation prompt, so it cannot be honoured exactly.
+            raise UnsupportedParameter(
+                "a final assistant message (prefill) is not supported", param="messages"
+            )
+        if (self.thinking or {}).get("type") not in (
+            None,
+            "enabled",
+            "disabled",
+            "adaptive",
+            "between_tools",
+        ):
+            raise UnsupportedParameter("unknown thinking type", param="thinking.type")
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        kwargs: dict[str, Any] = {}
+        if (self.thinking or {}).get("type") == "disabled":
+            kwargs["enable_thinking"] = False  # read by Qwen3 and GLM templates
+        effort = (self.output_config or {}).get("effort")
+        if effort:
+            kwargs["reasoning_effort"] = effort  # read by gpt-oss
+        return kwargs or None
+
+    def response_format(self) -> dict[str, Any] | None:
+        found = (self.output_config or {}).get("format")
+        if found is None:
+            return None
+        if found.get("type") != "json_schema":
+            raise UnsupportedParameter(
+                "output_config.format must be json_schema", param="output_config.format"
+            )
+        return {"type": "json_schema", "json_schema": {"name": "output", "schema": found.get("schema")}}
+
+
+class CountTokensRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+
+
+@router.post("/messages", response_model=None)
+async def create_message(
+    body: MessagesRequest, state: StateDep, session: SessionIdDep, http_request: Request
+) -> Response:
+    session_id, _ = session
+    body.check_supported()
+    sealer = Sealer(state.settings.reasoning_secret)
+    identity = RetryIdentity.from_request(dict(http_request.headers), await http_request.body())
+    request = turn_request(
+        state,
+        dialect="anthropic",
+        messages=anthropic_messages(body.system, body.messages, sealer),
+        tools=chat_tools(body.tools),
+        tool_choice=chat_tool_choice(body.tool_choice),
+        template_kwargs=body.template_kwargs(),
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        stop=tuple(body.stop_sequences or ()),
+        response_format=body.response_format(),
+        raw=body.model_dump(exclude={"messages", "system", "tools"}, exclude_none=True),
+        identity=identity,
+    )
+    shape = MessageShape(f"msg_{uuid.uuid4().hex}", body.model, sealer, tuple(body.stop_sequences or ()))
+    headers = {"X-Session-Id": session_id}
+    exit_stack = contextlib.AsyncExitStack()
+    try:
+        answer = await run_turn(
+            state,
+            session_id,
+            request,
+            identity,
+            stream=bool(body.stream),
+            exit_stack=exit_stack,
+            client=http_request,
+        )
+        if answer.replayed:
+            headers["X-Tito-Replayed"] = "true"
+        if answer.events is not None:
+            events = message_events(shape, answer, exit_stack.pop_all())
+            return StreamingResponse(
+                events, media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"}
+            )
+    finally:
+        await exit_stack.aclose()
+    assert answer.results is not None
+    return Response(
+        orjson.dumps(shape.message(answer.results[0])), media_type="application/json", headers=headers
+    )
+
+
+@router.post("/messages/count_tokens")
+async def count_tokens(body: CountTokensRequest, state: StateDep) -> dict[str, Any]:
+    """The prompt's length as this proxy would render it, with the served tokenizer and template."""
+    return {"input_tokens": _rendered_length(state, body)}
+
+
+def _rendered_length(state: AppState, body: CountTokensRequest) -> int:
+    messages = anthropic_messages(body.system, body.messages, Sealer(state.settings.reasoning_secret))
+    kwargs = {"enable_thinking": False} if (body.thinking or {}).get("type") == "disabled" else None
+    return len(
+        state.renderer.render_prompt(
+            messages, tools=chat_tools(body.tools) or None, template_kwargs=kwargs, now=datetime.now()
+        )
+    )

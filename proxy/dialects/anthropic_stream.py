@@ -1,0 +1,116 @@
+"""The turn's events as Anthropic server-sent events.
+
+message_start, ping, then per block content_block_start / content_block_delta (thinking_delta and
+a final signature_delta, text_delta, input_json_delta) / content_block_stop, then message_delta
+(stop_reason, usage) and message_stop. The turn is committed before message_delta; a quiet stream
+gets pings; a fault after the start is an `error` event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+
+from proxy.dialects.anthropic_output import MessageShape
+from proxy.dialects.turn_events import Answer, Failed, Finished, Keepalive, TextDelta, ToolCallDelta
+
+
+def _event(kind: str, **fields: Any) -> bytes:
+    return f"event: {kind}\ndata: {orjson.dumps({'type': kind, **fields}).decode()}\n\n".encode()
+
+
+class _Blocks:
+    def __init__(self, shape: MessageShape) -> None:
+        self.shape = shape
+        self.index = -1
+        self.open_kind: str | None = None
+        self.text = ""
+
+    def delta(self, kind: str, text: str) -> list[bytes]:
+        events = []
+        if self.open_kind != kind:
+            events += self.close()
+            self.index += 1
+            self.open_kind, self.text = kind, ""
+            block = (
+                {"type": "thinking", "thinking": "", "signature": ""}
+                if kind == "thinking"
+                else {
+                    "type": "text",
+                    "text": "",
+                }
+            )
+            events.append(_event("content_block_start", index=self.index, content_block=block))
+        self.text += text
+        delta = (
+            {"type": "thinking_delta", "thinking": text}
+            if kind == "thinking"
+            else {
+                "type": "text_delta",
+                "text": text,
+            }
+        )
+        events.append(_event("content_block_delta", index=self.index, delta=delta))
+        return events
+
+    def close(self) -> list[bytes]:
+        if self.open_kind is None:
+            return []
+        events = []
+        if self.open_kind == "thinking":
+            signature = self.shape.sealer.signature(self.text)
+            delta = {"type": "signature_delta", "signature": signature}
+            events.append(_event("content_block_delta", index=self.index, delta=delta))
+        events.append(_event("content_block_stop", index=self.index))
+        self.open_kind = None
+        return events
+
+    def tool_use(self, call: ToolCallDelta) -> list[bytes]:
+        events = self.close()
+        self.index += 1
+        block = {"type": "tool_use", "id": call.call_id, "name": call.name, "input": {}}
+        events.append(_event("content_block_start", index=self.index, content_block=block))
+        delta = {"type": "input_json_delta", "partial_json": call.arguments}
+        events.append(_event("content_block_delta", index=self.index, delta=delta))
+        events.append(_event("content_block_stop", index=self.index))
+        return events
+
+
+async def message_events(
+    shape: MessageShape, answer: Answer, held: contextlib.AsyncExitStack
+) -> AsyncIterator[bytes]:
+    """The whole stream of one message; `held` (the retry lock) is released after the last event."""
+    assert answer.events is not None
+    blocks = _Blocks(shape)
+    async with held, contextlib.aclosing(answer.events):
+        yield _event("message_start", message=shape.start(answer.prompt_tokens))
+        yield _event("ping")
+        async for event in answer.events:
+            if isinstance(event, Keepalive):
+                yield _event("ping")
+            elif isinstance(event, TextDelta):
+                for kind, text in (("thinking", event.reasoning), ("text", event.content)):
+                    if text:
+                        for chunk in blocks.delta(kind, text):
+                            yield chunk
+            elif isinstance(event, ToolCallDelta):
+                for chunk in blocks.tool_use(event):
+                    yield chunk
+            elif isinstance(event, Failed):
+                error = {"type": "api_error", "message": event.error.get("message", "")}
+                yield _event("error", error=error)
+                # No return: the core ends its stream by recording the partial turn as aborted.
+            elif isinstance(event, Finished):
+                for chunk in blocks.close():
+                    yield chunk
+                reason, sequence = shape.stop(event.result)
+                yield _event(
+                    "message_delta",
+                    delta={"stop_reason": reason, "stop_sequence": sequence},
+                    usage={"output_tokens": event.result.completion_tokens},
+                )
+                yield _event("message_stop")
+                return

@@ -1,0 +1,229 @@
+"""The OpenAI Responses dialect: POST /v1/responses (also under /sessions/{id}) -> a turn request, and
+the turn's result -> a Response object, plain or as Responses server-sent events.
+
+A response id names its session, so `previous_response_id` continues a recorded response in its own
+session without the client resending history (the proxy holds the record, whatever `store` says).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from proxy.api.deps import SessionIdDep, StateDep, check_session_id
+from proxy.api.json_route import OrjsonRoute
+from proxy.api.retries import RetryIdentity
+from proxy.app_state import AppState
+from proxy.chat.messages import Message
+from proxy.dialects.responses_input import chat_tool_choice, chat_tools, input_messages
+from proxy.dialects.responses_output import ResponseShape
+from proxy.dialects.responses_stream import response_events
+from proxy.dialects.seals import Sealer
+from proxy.dialects.shared import turn_request
+from proxy.dialects.turn_events import run_turn
+from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
+from proxy.store.prompts import rebuild
+from proxy.store.repository import Repository
+
+router = APIRouter(prefix="/v1", tags=["responses"], route_class=OrjsonRoute)
+
+# Fields that change nothing about the sample: accepted and recorded.
+_INERT = frozenset(
+    {
+        "metadata",
+        "user",
+        "store",
+        "service_tier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "safety_identifier",
+        "client_metadata",
+        "stream_options",
+    }
+)
+# `include` values we can fill: what to put in the answer, never what is sampled.
+_INCLUDES = frozenset({"reasoning.encrypted_content"})
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: str | list[dict[str, Any]] = Field(default_factory=list)
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    include: list[str] | None = None
+    previous_response_id: str | None = None
+    stream: bool | None = None
+    truncation: str | None = None
+    background: bool | None = None
+    top_logprobs: int | None = None
+
+    def check_supported(self) -> None:
+        for name in self.model_extra or {}:
+            if name not in _INERT:
+                raise UnsupportedParameter(f"parameter {name!r} is not supported by tito-proxy", param=name)
+        if self.parallel_tool_calls is False:
+            raise UnsupportedParameter(
+                "parallel_tool_calls=false cannot be enforced", param="parallel_tool_calls"
+            )
+        for value in self.include or []:
+            if value not in _INCLUDES:
+                raise UnsupportedParameter(f"include value {value!r} is not supported", param="include")
+        if self.truncation not in (None, "disabled"):
+            raise UnsupportedParameter(
+                "truncation 'auto' would drop history the record holds; only 'disabled'", param="truncation"
+            )
+        if self.background:
+            raise UnsupportedParameter("background responses are not supported", param="background")
+        if self.top_logprobs:
+            raise UnsupportedParameter("top_logprobs is not supported on /v1/responses", param="top_logprobs")
+        if set((self.text or {}).keys()) - {"format", "verbosity"}:
+            raise UnsupportedParameter("text supports format only", param="text")
+        if (self.text or {}).get("verbosity") not in (None, "medium"):
+            raise UnsupportedParameter("text.verbosity has no engine counterpart", param="text.verbosity")
+
+    def response_format(self) -> dict[str, Any] | None:
+        """text.format in chat's response_format shape."""
+        found = (self.text or {}).get("format")
+        if found is None or found.get("type") == "text":
+            return None
+        if found.get("type") == "json_object":
+            return {"type": "json_object"}
+        if found.get("type") == "json_schema":
+            schema = {k: v for k, v in found.items() if k in ("name", "schema", "strict", "description")}
+            return {"type": "json_schema", "json_schema": schema}
+        raise UnsupportedParameter(f"text.format {found.get('type')!r} is not supported", param="text.format")
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        # Templates that read a reasoning effort (gpt-oss) render it; others render the same tokens.
+        effort = (self.reasoning or {}).get("effort")
+        return {"reasoning_effort": effort} if effort else None
+
+
+def new_response_id(session_id: str) -> str:
+    return f"resp_{uuid.uuid4().hex}_{session_id}"
+
+
+def session_of(response_id: str) -> str:
+    if not response_id.startswith("resp_") or len(response_id) < 39 or response_id[37] != "_":
+        raise NotFound(f"no response {response_id!r}", param="previous_response_id")
+    return check_session_id(response_id[38:])
+
+
+async def _stored_conversation(state: AppState, session_id: str, response_id: str) -> list[Message]:
+    async with state.db_sessions() as db:
+        rows = await Repository(db).session_calls(session_id)
+    for row in rows:
+        if row.status == "ok" and (row.request.get("body") or {}).get("response_id") == response_id:
+            recorded = rebuild(await state.turns.store.segment_rows(row.segment_id), row.id)
+            return list(recorded.conversation)
+    raise NotFound(f"no response {response_id!r} in session {session_id!r}", param="previous_response_id")
+
+
+async def _messages(
+    state: AppState, session_id: str, body: ResponsesRequest, sealer: Sealer
+) -> list[Message]:
+    added = input_messages(None, body.input, sealer)
+    if body.previous_response_id is None:
+        system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+        return [*system, *added]
+    stored = await _stored_conversation(state, session_id, body.previous_response_id)
+    if body.instructions:
+        # Instructions are not carried over from the previous response: this request's replace them.
+        if stored and stored[0]["role"] == "system":
+            stored[0] = {**stored[0], "content": body.instructions}
+        else:
+            stored.insert(0, {"role": "system", "content": body.instructions})
+    return [*stored, *added]
+
+
+def _session(session: tuple[str, bool], body: ResponsesRequest) -> str:
+    session_id, created = session
+    if body.previous_response_id is None:
+        return session_id
+    owner = session_of(body.previous_response_id)
+    if created:
+        return owner  # no session named: the previous response's own
+    if owner != session_id:
+        raise InvalidRequest(
+            "previous_response_id belongs to another session than this request's",
+            param="previous_response_id",
+        )
+    return session_id
+
+
+@router.post("/responses", response_model=None)
+async def create_response(
+    body: ResponsesRequest, state: StateDep, session: SessionIdDep, http_request: Request
+) -> Response:
+    body.check_supported()
+    session_id = _session(session, body)
+    sealer = Sealer(state.settings.reasoning_secret)
+    messages = await _messages(state, session_id, body, sealer)
+    if not messages:
+        raise InvalidRequest("input is empty", param="input")
+    response_id = new_response_id(session_id)
+    identity = RetryIdentity.from_request(dict(http_request.headers), await http_request.body())
+    request = turn_request(
+        state,
+        dialect="responses",
+        messages=messages,
+        tools=chat_tools(body.tools),
+        tool_choice=chat_tool_choice(body.tool_choice),
+        template_kwargs=body.template_kwargs(),
+        max_tokens=body.max_output_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        response_format=body.response_format(),
+        raw={"response_id": response_id, **body.model_dump(exclude={"input"}, exclude_none=True)},
+        identity=identity,
+    )
+    shape = ResponseShape(
+        response_id=response_id,
+        body=body.model_dump(exclude={"input"}, exclude_none=True),
+        model=body.model,
+        created_at=int(time.time()),
+        sealer=sealer if "reasoning.encrypted_content" in (body.include or []) else None,
+        think_close=state.renderer.token_id("</think>"),
+    )
+    headers = {"X-Session-Id": session_id}
+    exit_stack = contextlib.AsyncExitStack()
+    try:
+        answer = await run_turn(
+            state,
+            session_id,
+            request,
+            identity,
+            stream=bool(body.stream),
+            exit_stack=exit_stack,
+            client=http_request,
+        )
+        if answer.replayed:
+            headers["X-Tito-Replayed"] = "true"
+        if answer.events is not None:
+            # The retry lock now belongs to the stream: released after its last event.
+            events = response_events(shape, answer, exit_stack.pop_all())
+            return StreamingResponse(
+                events, media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"}
+            )
+    finally:
+        await exit_stack.aclose()
+    assert answer.results is not None
+    return Response(
+        orjson.dumps(shape.completed(answer.results[0])), media_type="application/json", headers=headers
+    )

@@ -1,0 +1,85 @@
+"""What the Responses and Anthropic dialects share: a translated request becomes the turn core's
+TurnRequest (sampling, constraints, retry identity), and a tool call's arguments become an object."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.api.retries import RetryIdentity
+from proxy.app_state import AppState
+from proxy.chat.constraints import response_format_constraint, tool_choice_constraint
+from proxy.chat.messages import Message, parse_arguments
+from proxy.engines.base import SamplingParams
+from proxy.errors import UnsupportedParameter
+from proxy.turns import TurnRequest
+
+
+def _constraint(
+    state: AppState,
+    tool_choice: str | dict[str, Any] | None,
+    response_format: dict[str, Any] | None,
+    tools: list[dict[str, Any]] | None,
+) -> Any:
+    forced = tool_choice_constraint(tool_choice, tools, state.turns.parser.name)
+    formatted = response_format_constraint(response_format)
+    chosen = [c for c in (forced, formatted) if c is not None]
+    if not chosen:
+        return None
+    if len(chosen) > 1:
+        raise UnsupportedParameter(
+            "a forced tool call and a JSON output format cannot be combined (one grammar per request)",
+            param="text.format",
+        )
+    if not state.engine.supports_constraints:
+        raise UnsupportedParameter(
+            f"the {state.engine.name} engine cannot constrain sampling (tool_choice/format)",
+            param="tool_choice" if forced is not None else "text.format",
+        )
+    return chosen[0]
+
+
+def turn_request(
+    state: AppState,
+    *,
+    dialect: str,
+    messages: list[Message],
+    tools: list[dict[str, Any]] | None,
+    tool_choice: str | dict[str, Any] | None,
+    template_kwargs: dict[str, Any] | None,
+    max_tokens: int | None,
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None = None,
+    stop: tuple[str, ...] = (),
+    response_format: dict[str, Any] | None = None,
+    raw: dict[str, Any],
+    identity: RetryIdentity | None,
+) -> TurnRequest:
+    """The turn core's request; `tools` and `tool_choice` in chat's shape."""
+    sampling = SamplingParams(
+        max_new_tokens=max_tokens,
+        temperature=1.0 if temperature is None else temperature,
+        top_p=1.0 if top_p is None else top_p,
+        top_k=-1 if top_k is None or top_k == 0 else top_k,
+        stop=stop,
+        stop_token_ids=state.renderer.stop_token_ids,
+        constraint=_constraint(state, tool_choice, response_format, tools),
+    )
+    return TurnRequest(
+        messages=messages,
+        tools=tools or None,
+        template_kwargs=template_kwargs or None,
+        sampling=sampling,
+        max_tokens_requested=max_tokens,
+        raw=raw,
+        parse_tools=tool_choice != "none",
+        idempotency_key=identity.idempotency_key if identity else None,
+        request_hash=identity.request_hash if identity else None,
+        dialect=dialect,
+    )
+
+
+def arguments_object(arguments: str) -> dict[str, Any]:
+    """A call's arguments as an object (Anthropic's `input`); anything else is wrapped, not lost."""
+    value = parse_arguments(arguments)
+    return value if isinstance(value, dict) else {"arguments": value}

@@ -1,0 +1,101 @@
+"""The real agent CLIs (Codex CLI, Claude Code) installed from npm into a cached prefix, and the
+configuration that runs each offline against a local proxy (../shared/docs/agent-clis.md)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+# The versions the tests pin; both packages ship their native binaries.
+PACKAGES = {"codex": "@openai/codex@0.169.0", "claude": "@anthropic-ai/claude-code@2.1.197"}
+
+
+def cli_prefix() -> Path:
+    found = os.environ.get("TITO_AGENT_CLIS_DIR")
+    return Path(found) if found else Path.home() / ".cache" / "tito-proxy" / "agent-clis"
+
+
+def installed(name: str) -> Path:
+    """The CLI's binary, installed with npm on first use; raises RuntimeError with the reason when
+    npm is missing or the install fails."""
+    prefix = cli_prefix() / name
+    binary = prefix / "node_modules" / ".bin" / name
+    marker = prefix / f".installed-{PACKAGES[name].rsplit('@', 1)[1]}"
+    if binary.exists() and marker.exists():
+        return binary
+    npm = shutil.which("npm")
+    if npm is None or shutil.which("node") is None:
+        raise RuntimeError("npm and node are not installed (apt-get install nodejs npm)")
+    prefix.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", PACKAGES[name]],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if done.returncode != 0 or not binary.exists():
+        raise RuntimeError(f"npm install {PACKAGES[name]} failed: {done.stderr[-2000:]}")
+    marker.touch()
+    return binary
+
+
+_OUTSIDE_TRAFFIC_OFF = """web_search = "disabled"
+
+[analytics]
+enabled = false
+
+[features]
+plugins = false
+apps = false
+goals = false
+multi_agent = false
+image_generation = false
+remote_plugin = false
+"""
+
+
+def codex_home(root: Path, base_url: str, *, defaults: bool = False) -> Path:
+    """A CODEX_HOME whose config points Codex at the proxy over the Responses wire; outside traffic off
+    unless `defaults` (then Codex also sends namespace and web_search tools)."""
+    home = root / "codex-home"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(
+        f"""model = "m"
+model_provider = "tito"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+check_for_update_on_startup = false
+{"" if defaults else _OUTSIDE_TRAFFIC_OFF}
+[model_providers.tito]
+name = "tito"
+base_url = "{base_url}"
+env_key = "TITO_TEST_KEY"
+wire_api = "responses"
+"""
+    )
+    return home
+
+
+def claude_env(root: Path, base_url: str, *, defaults: bool = False) -> dict[str, str]:
+    """Claude Code's environment: the proxy as its API, a fresh home; outside traffic off unless
+    `defaults`."""
+    home = root / "claude-home"
+    home.mkdir(parents=True, exist_ok=True)
+    quiet = {
+        "DISABLE_TELEMETRY": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+    }
+    return {
+        **({} if defaults else quiet),
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(home),
+        "CLAUDE_CONFIG_DIR": str(home / ".claude"),
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": "unused",
+        "IS_SANDBOX": "1",  # --dangerously-skip-permissions refuses root otherwise
+    }

@@ -1,0 +1,167 @@
+"""The Anthropic Messages dialect through the official anthropic SDK: a tool loop with thinking,
+plain and streamed, one exact segment (I1-I6); signatures we did not issue; errors and count_tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+from tokenizers import Tokenizer
+
+from tests.e2e.test_responses import call_text, push
+from tests.fakes.sglang import FakeSGLang
+from tests.invariants import assert_invariants
+from tests.support import segments
+
+TOOLS: Any = [
+    {
+        "name": "lookup",
+        "description": "Look a word up",
+        "input_schema": {"type": "object", "properties": {"word": {"type": "string"}}},
+        "cache_control": {"type": "ephemeral"},
+    }
+]
+THINKING: Any = {"type": "enabled", "budget_tokens": 1024}
+
+
+def client_for(url: str, session: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=f"{url}/sessions/{session}", api_key="unused", max_retries=0)
+
+
+def _turn(client: anthropic.Anthropic, messages: list[Any], *, streamed: bool) -> Any:
+    arguments: Any = {
+        "model": "m",
+        "max_tokens": 512,
+        "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+        "messages": messages,
+        "tools": TOOLS,
+        "thinking": THINKING,
+        "metadata": {"user_id": "u1"},
+    }
+    if not streamed:
+        return client.messages.create(**arguments)
+    with client.messages.stream(**arguments) as stream:
+        for _ in stream:
+            pass
+        return stream.get_final_message()
+
+
+def test_tool_loop_with_thinking_plain_and_streamed_is_one_exact_segment(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, request: pytest.FixtureRequest
+) -> None:
+    client = client_for(proxy_url, "a-loop")
+    request.addfinalizer(client.close)
+    outputs = [
+        push(
+            engine, qwen_tokenizer, "<think>\nLook a up.\n</think>\n\n" + call_text("lookup", {"word": "a"})
+        ),
+        push(engine, qwen_tokenizer, "<think>\nNow b.\n</think>\n\n" + call_text("lookup", {"word": "b"})),
+        push(engine, qwen_tokenizer, "<think>\nDone.\n</think>\n\nBoth found."),
+    ]
+    messages: list[Any] = [{"role": "user", "content": "Define a and b."}]
+    for turn in range(3):
+        message = _turn(client, messages, streamed=turn == 1)
+        messages.append(
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]}
+        )
+        uses = [b for b in message.content if b.type == "tool_use"]
+        if uses:
+            assert message.stop_reason == "tool_use"
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": u.id, "content": "found"} for u in uses
+                    ],
+                }
+            )
+    assert message.stop_reason == "end_turn"
+    assert message.content[0].type == "thinking"
+    assert message.content[-1].text == "Both found."
+    [segment] = segments(proxy_url, "a-loop")
+    assert segment["num_calls"] == 3
+    assert_invariants(segment, engine.requests, outputs)
+
+
+def test_a_signature_we_did_not_issue_opens_a_new_segment(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, request: pytest.FixtureRequest
+) -> None:
+    client = client_for(proxy_url, "a-forged")
+    request.addfinalizer(client.close)
+    push(engine, qwen_tokenizer, "<think>\nHm.\n</think>\n\n" + call_text("lookup", {"word": "a"}))
+    first = _turn(client, [{"role": "user", "content": "Define a."}], streamed=False)
+    blocks = [b.model_dump(exclude_none=True) for b in first.content]
+    blocks[0]["signature"] = "not-ours"
+    tool_use = first.content[1]
+    messages: list[Any] = [
+        {"role": "user", "content": "Define a."},
+        {"role": "assistant", "content": blocks},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": "x"}]},
+    ]
+    push(engine, qwen_tokenizer, "ok")
+    _turn(client, messages, streamed=False)
+    assert len(segments(proxy_url, "a-forged")) == 2
+
+
+def test_errors_come_in_anthropics_shape(proxy_url: str) -> None:
+    url = f"{proxy_url}/sessions/a-err/v1/messages"
+    base: dict[str, Any] = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    for body in (
+        {"model": "m", "messages": []},
+        {**base, "tool_choice": {"type": "any", "disable_parallel_tool_use": True}},
+        {**base, "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+        {**base, "frequency_penalty": 1},
+        {**base, "messages": [*base["messages"], {"role": "assistant", "content": "Sure,"}]},
+    ):
+        answer = httpx.post(url, json=body, timeout=30)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["type"] == "error"
+        assert answer.json()["error"]["type"] == "invalid_request_error"
+    with client_for(proxy_url, "a-err") as client, pytest.raises(anthropic.BadRequestError):
+        client.messages.create(model="m", max_tokens=16, messages=[], metadata={})
+
+
+def test_keys_are_read_from_x_api_key(start_proxy: Any) -> None:
+    with start_proxy(api_key="harness") as url:
+        body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        refused = httpx.post(f"{url}/v1/messages", json=body, headers={"x-api-key": "wrong"}, timeout=30)
+        assert refused.status_code == 401
+        assert refused.json()["error"]["type"] == "authentication_error"
+        accepted = httpx.post(
+            f"{url}/v1/messages?beta=true",
+            json=body,
+            headers={"x-api-key": "harness", "anthropic-version": "2023-06-01", "anthropic-beta": "x"},
+            timeout=30,
+        )
+        assert accepted.status_code == 200, accepted.text
+
+
+def test_count_tokens_is_the_rendered_prompt(proxy_url: str, engine: FakeSGLang) -> None:
+    body: Any = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
+    with client_for(proxy_url, "a-count") as client:
+        counted = client.messages.count_tokens(**body)
+        message = client.messages.create(max_tokens=8, **body)
+    assert counted.input_tokens == message.usage.input_tokens
+    assert len(engine.requests[-1]["input_ids"]) == counted.input_tokens
+
+
+def test_a_stop_sequence_ends_the_turn_and_is_named(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    engine.push(qwen_tokenizer.encode("abc STOP def").ids)
+    with client_for(proxy_url, "a-stop") as client:
+        message = client.messages.create(
+            model="m",
+            max_tokens=64,
+            messages=[{"role": "user", "content": "go"}],
+            stop_sequences=["STOP"],
+            extra_body={"top_k": 5},
+        )
+    assert message.stop_reason == "stop_sequence"
+    assert message.stop_sequence == "STOP"
+    [block] = message.content
+    assert block.type == "text"
+    assert block.text == "abc "  # the text before the stop sequence, as chat's stop strings
+    assert engine.requests[-1]["sampling_params"]["top_k"] == 5

@@ -1,0 +1,79 @@
+"""Faults in the Responses and Anthropic streams: an engine that dies mid-stream ends the stream with
+the dialect's error event, a client that leaves aborts the engine; the partial turn is recorded as
+aborted and never exported."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+from tokenizers import Tokenizer
+
+from tests.fakes.sglang import FakeSGLang
+from tests.support import segments, token_id
+
+BODIES: dict[str, dict[str, Any]] = {
+    "responses": {"model": "m", "input": "go", "stream": True},
+    "messages": {
+        "model": "m",
+        "max_tokens": 300,
+        "messages": [{"role": "user", "content": "go"}],
+        "stream": True,
+    },
+}
+
+
+def _data(lines: list[str]) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+
+
+@pytest.mark.parametrize("route", ["responses", "messages"])
+def test_a_stream_cut_by_the_engine_ends_with_the_dialects_error(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, route: str
+) -> None:
+    engine.fault = "cut_stream"
+    engine.push([*qwen_tokenizer.encode(" word" * 20).ids, token_id(qwen_tokenizer, "<|im_end|>")])
+    response = httpx.post(f"{proxy_url}/sessions/cut/v1/{route}", json=BODIES[route], timeout=30)
+    events = _data(response.text.splitlines())
+    kinds = [event["type"] for event in events]
+    if route == "responses":
+        assert kinds[-2:] == ["error", "response.failed"]
+        assert "response.completed" not in kinds
+    else:
+        assert kinds[-1] == "error"
+        assert "message_stop" not in kinds
+    # What was sampled before the cut is kept as aborted (nothing at all when the engine client got
+    # no token before the fault); never exported.
+    session = httpx.get(f"{proxy_url}/sessions/cut")
+    if session.status_code == 200:
+        assert session.json()["calls_by_status"] == {"aborted": 1}
+        assert segments(proxy_url, "cut") == []
+    else:
+        assert session.status_code == 404
+
+
+@pytest.mark.parametrize("route", ["responses", "messages"])
+def test_client_disconnect_aborts_the_engine(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, route: str
+) -> None:
+    engine.chunk_delay_s = 0.05
+    engine.push(qwen_tokenizer.encode(" word" * 200).ids)
+    with httpx.stream(
+        "POST", f"{proxy_url}/sessions/gone/v1/{route}", json=BODIES[route], timeout=30
+    ) as response:
+        for line in response.iter_lines():
+            if "word" in line:
+                break
+    deadline = time.monotonic() + 10
+    while not engine.aborted:
+        assert time.monotonic() < deadline, "the engine request was not aborted"
+        time.sleep(0.05)
+    assert engine.aborted == [engine.requests[-1]["rid"]]
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{proxy_url}/sessions/gone").json().get("calls_by_status") != {"aborted": 1}:
+        assert time.monotonic() < deadline, "the partial turn was not recorded as aborted"
+        time.sleep(0.05)
+    assert segments(proxy_url, "gone") == []
