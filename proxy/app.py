@@ -21,7 +21,7 @@ from proxy.chat.renderer import Renderer
 from proxy.chat.tokenizer import load_tokenizer_files
 from proxy.config import Settings
 from proxy.engines.base import Engine
-from proxy.errors import InvalidRequest, ProxyError
+from proxy.errors import EngineMismatch, EngineUnavailable, InvalidRequest, ProxyError
 from proxy.store.database import create_engine, session_factory, upgrade_to_head
 from proxy.store.repository import Repository, utcnow
 from proxy.store.turn_store import open_turn_store
@@ -36,9 +36,50 @@ def build_engine(settings: Settings) -> Engine:
 
         assert settings.model is not None
         return LocalEngine(settings.model)
+    if settings.engine == "vllm":
+        from proxy.engines.vllm import VLLMEngine
+
+        return VLLMEngine(
+            settings.engine_url,
+            timeout_s=settings.engine_timeout_s,
+            declared_logprobs_mode=settings.vllm_logprobs_mode,
+            api_key=settings.engine_api_key.get_secret_value() if settings.engine_api_key else None,
+        )
     from proxy.engines.sglang import SGLangEngine
 
     return SGLangEngine(settings.engine_url, timeout_s=settings.engine_timeout_s)
+
+
+async def check_engine(settings: Settings, inference: Engine) -> Engine:
+    """At start: the engine URL must speak the configured engine's protocol (else EngineMismatch, which
+    stops the start); a vLLM server is probed for its route and logprobs mode, with a loud warning when
+    its logprobs are not the sampled distribution. An engine not up yet is checked when it answers
+    (the engine returned is then wrapped in a ProtocolGuard)."""
+    from proxy.engines.detect import ProtocolGuard, check_identity, identify
+    from proxy.engines.vllm import VLLMEngine
+
+    key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None
+    identity = await identify(settings.engine_url, api_key=key)
+    try:
+        check_identity(settings.engine, settings.engine_url, identity)
+        if identity.kind == "unreachable":
+            log.warning(
+                "the engine at %s does not answer yet; its protocol is checked when it does",
+                settings.engine_url,
+            )
+            return ProtocolGuard(inference, settings.engine, settings.engine_url, api_key=key)
+        log.info("the engine at %s speaks %s", settings.engine_url, identity.describe())
+        if isinstance(inference, VLLMEngine):
+            probe = await inference.start()
+            log.info("vLLM: %s", probe.report())
+            if probe.warning():
+                log.warning("%s\n%s\n%s", "!" * 72, probe.warning(), "!" * 72)
+    except EngineMismatch as exc:
+        log.error("tito-proxy cannot start: %s", exc.message)
+        raise
+    except EngineUnavailable as exc:
+        log.warning("the engine is not ready (%s); it is probed again on first use", exc.message)
+    return inference
 
 
 def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
@@ -46,10 +87,16 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        inference = engine or build_engine(settings)
+        if engine is None and settings.engine != "local":
+            try:
+                inference = await check_engine(settings, inference)
+            except BaseException:
+                await inference.aclose()
+                raise
         await upgrade_to_head(settings.db)
         db_engine = create_engine(settings.db)
         renderer = Renderer(load_tokenizer_files(settings.tokenizer_dir))
-        inference = engine or build_engine(settings)
         context_length = settings.context_length
         if context_length is None:
             try:

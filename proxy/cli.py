@@ -17,8 +17,16 @@ from proxy.chat.parsing import PARSER_NAMES
 
 def _serve_parser(sub: Any) -> None:
     serve = sub.add_parser("serve", help="run the proxy (flags override TITO_* environment variables)")
-    serve.add_argument("--engine", choices=["sglang", "local"], help="inference engine (default sglang)")
-    serve.add_argument("--engine-url", help="SGLang base URL (default http://127.0.0.1:30000)")
+    serve.add_argument(
+        "--engine", choices=["sglang", "vllm", "local"], help="inference engine (default sglang)"
+    )
+    serve.add_argument("--engine-url", help="SGLang or vLLM base URL (default http://127.0.0.1:30000)")
+    serve.add_argument("--engine-api-key", help="vLLM's --api-key; also TITO_ENGINE_API_KEY")
+    serve.add_argument(
+        "--vllm-logprobs-mode",
+        choices=["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"],
+        help="the --logprobs-mode vLLM runs with, where its /server_info cannot tell",
+    )
     serve.add_argument(
         "--engine-timeout-s", type=float, help="seconds to wait for one engine call (default 600)"
     )
@@ -64,6 +72,8 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "engine",
         "engine_url",
         "engine_timeout_s",
+        "engine_api_key",
+        "vllm_logprobs_mode",
         "model",
         "tokenizer",
         "served_model_name",

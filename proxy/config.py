@@ -8,7 +8,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-EngineKind = Literal["sglang", "local"]
+EngineKind = Literal["sglang", "vllm", "local"]
+VLLMLogprobsMode = Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"]
 
 
 class Settings(BaseSettings):
@@ -19,6 +20,10 @@ class Settings(BaseSettings):
     engine: EngineKind = "sglang"
     engine_url: str = "http://127.0.0.1:30000"
     engine_timeout_s: float = Field(default=600.0, gt=0)
+    # vLLM's --api-key, sent as a Bearer token to the engine (vLLM guards its /v1 and /inference routes).
+    engine_api_key: SecretStr | None = None
+    # The --logprobs-mode vLLM was started with, for servers that do not tell it (no dev mode).
+    vllm_logprobs_mode: VLLMLogprobsMode | None = None
     model: Path | None = None
     tokenizer: Path | None = None
     served_model_name: str | None = None

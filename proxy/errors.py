@@ -12,6 +12,7 @@ ProxyError                      500 server_error
 ├── RecordFailed                503 code=record_failed (the database refused a turn's commit)
 └── EngineError                 502 engine_error (bad answer from the engine)
     ├── EngineUnavailable       503 (cannot connect, or the engine says it is not ready)
+    │   └── EngineMismatch      503 code=engine_mismatch (the URL speaks another engine's protocol, or none)
     └── EngineTimeout           504
 """
 
@@ -96,6 +97,12 @@ class EngineError(ProxyError):
 class EngineUnavailable(EngineError):
     status_code = 503
     default_code = "engine_unavailable"
+
+
+class EngineMismatch(EngineUnavailable):
+    """The engine URL speaks another protocol than the configured engine's: a start-up error."""
+
+    default_code = "engine_mismatch"
 
 
 class EngineTimeout(EngineError):

@@ -29,9 +29,11 @@ def sampling_params(
     body: Any, *, stop_token_ids: tuple[int, ...], state: AppState, top_logprobs: int = 0
 ) -> SamplingParams:
     """The request's sampling fields as SGLang's, shared by chat and text completions."""
-    if body.seed is not None and state.engine.name != "local":
+    honours_seed = state.engine.name == "local" or getattr(state.engine, "honours_seed", False)
+    if body.seed is not None and not honours_seed:
         raise UnsupportedParameter(
-            "seed is only honoured by the local engine (SGLang needs --enable-deterministic-inference)",
+            "seed is only honoured by the local and vLLM engines "
+            "(SGLang needs --enable-deterministic-inference)",
             param="seed",
         )
     return SamplingParams(
@@ -155,8 +157,11 @@ async def chat_completions(
 
 @router.get("/template")
 async def template_report(state: StateDep) -> dict[str, Any]:
-    """The start-up self-test's verdict on the served chat template."""
-    return state.renderer.verdict.as_json()
+    """The start-up self-test's verdict on the served chat template, and what the engine reports
+    (for vLLM: its logprobs mode and whether its logprobs are the sampled distribution)."""
+    report = getattr(state.engine, "report", None)
+    engine = report() if callable(report) else {"kind": state.engine.name}
+    return {**state.renderer.verdict.as_json(), "engine": engine}
 
 
 @router.get("/models")
