@@ -106,7 +106,8 @@ def sampled_distribution(mode: LogprobsMode | None, params: SamplingParams) -> b
 
 
 _MODE_IN_TEXT = re.compile(
-    r"logprobs_mode\W{0,4}(raw_logprobs|processed_logprobs|raw_logits|processed_logits)"
+    r"logprobs_mode\W{0,4}(?:LogprobsMode\.)?(raw_logprobs|processed_logprobs|raw_logits|processed_logits)",
+    re.IGNORECASE,
 )
 
 
