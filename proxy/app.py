@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -13,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from proxy.api import admin, completions, export, health, openai, sessions
+from proxy.api import admin, completions, export, health, openai, sessions, weight_sync
 from proxy.api.auth import require_admin_key, require_harness_key
 from proxy.app_state import AppState
 from proxy.chat.parsing import build_parser
@@ -21,11 +22,13 @@ from proxy.chat.renderer import Renderer
 from proxy.chat.tokenizer import load_tokenizer_files
 from proxy.config import Settings
 from proxy.engines.base import Engine
+from proxy.engines.resuming import ResumingEngine
 from proxy.errors import EngineMismatch, EngineUnavailable, InvalidRequest, ProxyError
 from proxy.store.database import create_engine, session_factory, upgrade_to_head
 from proxy.store.repository import Repository, utcnow
 from proxy.store.turn_store import open_turn_store
 from proxy.turns import TurnRunner
+from proxy.weight_sync import PauseGate
 
 log = logging.getLogger("tito_proxy")
 
@@ -94,6 +97,12 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             except BaseException:
                 await inference.aclose()
                 raise
+        # Every engine call passes the trainer's pause gate; aborted generations are continued.
+        inference = ResumingEngine(
+            inference,
+            PauseGate(settings.pause_mode, settings.pause_max_wait_s, settings.retry_after_s),
+            restart_wait_s=settings.engine_restart_wait_s,
+        )
         await upgrade_to_head(settings.db)
         db_engine = create_engine(settings.db)
         renderer = Renderer(load_tokenizer_files(settings.tokenizer_dir))
@@ -152,7 +161,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     for surface in (openai.router, completions.router):
         app.include_router(surface, dependencies=harness)
         app.include_router(surface, prefix="/sessions/{session_id}", dependencies=harness)
-    for recorded in (sessions.router, export.router, admin.router):
+    for recorded in (sessions.router, export.router, admin.router, weight_sync.router):
         app.include_router(recorded, dependencies=[Depends(require_admin_key)])
     app.include_router(health.router)
     _install_error_handlers(app)
@@ -181,7 +190,11 @@ async def _finish_idle_sessions(state: AppState) -> None:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ProxyError)
     async def proxy_error(_: Request, exc: ProxyError) -> JSONResponse:
-        return JSONResponse(exc.envelope(), status_code=exc.status_code)
+        retry = exc.retry_after_s
+        if retry is None and exc.status_code == 503:
+            retry = app.state.proxy.settings.retry_after_s if hasattr(app.state, "proxy") else 5.0
+        headers = {"Retry-After": str(max(1, math.ceil(retry)))} if retry is not None else None
+        return JSONResponse(exc.envelope(), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

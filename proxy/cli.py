@@ -63,6 +63,18 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument(
         "--drift-report", choices=["strict", "ignore_strippable", "disable"], help="default strict"
     )
+    serve.add_argument(
+        "--pause-mode", choices=["wait", "reject"], help="new turns while paused: wait (default) or 429"
+    )
+    serve.add_argument(
+        "--pause-max-wait-s", type=float, help="longest wait at a pause, then 429 (default 300)"
+    )
+    serve.add_argument("--retry-after-s", type=float, help="Retry-After of 429 and 503 answers (default 5)")
+    serve.add_argument(
+        "--engine-restart-wait-s",
+        type=float,
+        help="continue generations lost to an engine restart back within this long (default 0: off)",
+    )
 
 
 def _settings_from(args: argparse.Namespace) -> Any:
@@ -89,6 +101,10 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "stream_keepalive_s",
         "api_key",
         "admin_key",
+        "pause_mode",
+        "pause_max_wait_s",
+        "retry_after_s",
+        "engine_restart_wait_s",
     )
     given = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     return Settings(**given)

@@ -9,6 +9,7 @@ ProxyError                      500 server_error
 ├── Forbidden                   403 permission_error (the harness key on an admin route)
 ├── NotFound                    404 not_found_error
 ├── Conflict                    409 conflict_error (a session id that is taken, or deleted mid-turn)
+├── Paused                      429 code=engine_paused (a weight sync holds new turns; Retry-After)
 ├── RecordFailed                503 code=record_failed (the database refused a turn's commit)
 └── EngineError                 502 engine_error (bad answer from the engine)
     ├── EngineUnavailable       503 (cannot connect, or the engine says it is not ready)
@@ -25,6 +26,8 @@ class ProxyError(Exception):
     status_code = 500
     error_type = "server_error"
     default_code: str | None = None
+    # Seconds a client should wait before retrying, sent as Retry-After (429 and 503 answers).
+    retry_after_s: float | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -78,6 +81,18 @@ class Conflict(ProxyError):
     status_code = 409
     error_type = "conflict_error"
     default_code = "conflict"
+
+
+class Paused(ProxyError):
+    """The trainer paused generation for a weight sync and the turn could not wait for the resume."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+    default_code = "engine_paused"
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class RecordFailed(ProxyError):

@@ -99,6 +99,7 @@ class VLLMEngine:
             self._headers["authorization"] = f"Bearer {api_key}"
         self._client: aiohttp.ClientSession | None = None
         self.probe: VLLMProbe | None = None
+        self._running: set[str] = set()  # engine ids of the requests in progress, for abort_all
 
     def _url(self, path: str) -> URL:
         return URL(self._base_url + path)
@@ -259,6 +260,14 @@ class VLLMEngine:
 
     async def generate(self, input_ids: PromptIds, params: SamplingParams) -> Generation:
         rid = uuid.uuid4().hex
+        engine_id = _engine_id(self.probe.route if self.probe else "generate", rid)
+        self._running.add(engine_id)
+        try:
+            return await self._generate(input_ids, params, rid)
+        finally:
+            self._running.discard(engine_id)
+
+    async def _generate(self, input_ids: PromptIds, params: SamplingParams, rid: str) -> Generation:
         probe, response = await self._open(input_ids, params, rid, stream=False)
         try:
             content = await response.read()
@@ -282,6 +291,7 @@ class VLLMEngine:
         self, input_ids: PromptIds, params: SamplingParams, request_id: str
     ) -> AsyncIterator[StreamChunk]:
         probe, response = await self._open(input_ids, params, request_id, stream=True)
+        self._running.add(_engine_id(probe.route, request_id))
         if not response.headers.get("content-type", "").startswith("text/event-stream"):
             response.close()
             raise EngineError("vLLM answered a stream request without server-sent events")
@@ -289,6 +299,7 @@ class VLLMEngine:
         try:
             first = await anext(events, None)
         except BaseException:
+            self._running.discard(_engine_id(probe.route, request_id))
             await events.aclose()
             raise
         # Errors vLLM's engine finds (vocabulary, context, paused) come as a 200 and a first error event.
@@ -320,17 +331,27 @@ class VLLMEngine:
                         return
                 body = await anext(events, None)
         finally:
+            self._running.discard(_engine_id(probe.route, rid))
             await events.aclose()
         raise EngineError("vLLM's stream ended without a finish reason")
 
     async def abort(self, request_id: str) -> None:
+        route = self.probe.route if self.probe is not None else "generate"
+        await self._abort([_engine_id(route, request_id)])
+
+    async def abort_all(self) -> None:
+        """Abort every request this client has running (a trainer's pause with abort)."""
+        if self._running:
+            await self._abort(sorted(self._running))
+
+    async def _abort(self, engine_ids: list[str]) -> None:
         route = self.probe.route if self.probe is not None else "generate"
         path = "/inference/v1/abort_requests" if route == "generate" else "/abort_requests"
         # Best effort: closing the request's connection aborts it too.
         with contextlib.suppress(TimeoutError, aiohttp.ClientError):
             async with self._session().post(
                 self._url(path),
-                data=orjson.dumps({"request_ids": [_engine_id(route, request_id)]}),
+                data=orjson.dumps({"request_ids": engine_ids}),
                 headers=self._headers,
                 timeout=aiohttp.ClientTimeout(total=5.0),
             ) as response:

@@ -18,17 +18,18 @@ from proxy.export.drift import DriftMode
 from proxy.export.trajectory import build_trajectories
 from proxy.store.codec import unpack_ids, unpack_logprobs
 from proxy.store.models import CallRow, SessionRow
+from proxy.weight_versions import version_range
 
 EXPORT_MODES = ("merged", "stepwise")
 
 
 def _versions(calls: Sequence[CallRow]) -> dict[str, Any]:
     versions = [c.weight_version for c in calls]
-    known = sorted(v for v in versions if v is not None)
+    lowest, highest = version_range(versions)  # as versions: "9" < "10", never as strings
     return {
         "weight_versions": versions,
-        "weight_version_min": known[0] if known else None,
-        "weight_version_max": known[-1] if known else None,
+        "weight_version_min": lowest,
+        "weight_version_max": highest,
     }
 
 

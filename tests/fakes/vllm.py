@@ -146,6 +146,10 @@ class FakeVLLM:
     ignored: list[str] = field(default_factory=list)  # sampling keys vLLM would drop silently
     aborted: list[str] = field(default_factory=list)
     paused: bool = False
+    # Aborts scripted as a weight update's: the next requests end "abort" after this many tokens,
+    # and the weights then carry version_after_abort (when set).
+    abort_at: deque[int] = field(default_factory=deque)
+    version_after_abort: str | None = None
     chunk_delay_s: float = 0.0
     _running: dict[str, asyncio.Event] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -232,7 +236,14 @@ class FakeVLLM:
         stops = params.get("stop") or []
         ids: list[int] = []
         logprobs: list[float] = []
+        with self._lock:
+            abort_at = self.abort_at.popleft() if self.abort_at else None
         for token, logprob in zip(scripted.ids, scripted.logprobs, strict=True):
+            if abort_at is not None and len(ids) >= abort_at:
+                version = self.weight_version
+                if self.version_after_abort is not None:
+                    self.weight_version = self.version_after_abort
+                return _Sample(ids, logprobs, "abort", None, version)
             if cap is not None and len(ids) >= cap:
                 return _Sample(ids, logprobs, "length", None, self.weight_version)
             ids.append(token)
@@ -342,7 +353,10 @@ class FakeVLLM:
         try:
             for end in range(1, len(sample.ids) + 1):
                 if stop.is_set():
-                    aborted = _Sample(sample.ids, sample.logprobs, "abort", None, sample.version)
+                    kept = end - 1
+                    aborted = _Sample(
+                        sample.ids[:kept], sample.logprobs[:kept], "abort", None, sample.version
+                    )
                     chunk = self._choice(aborted, end - 1, end - 1, k, last=True)
                     event = {"request_id": rid, "usage": None, "output_mode": "tokens", "choices": [chunk]}
                     yield f"data: {json.dumps(event)}\n\n"
@@ -476,7 +490,9 @@ class FakeVLLM:
         if not self._authorized(request):
             return JSONResponse({"error": "Unauthorized"}, status_code=401)
         body = await request.json()
-        for rid in body.get("request_ids") or []:
+        # The dev-mode /abort_requests aborts everything when given no ids.
+        everything = not body.get("request_ids") and request.url.path == "/abort_requests"
+        for rid in list(self._running) if everything else body.get("request_ids") or []:
             self.aborted.append(rid)
             if rid in self._running:
                 self._running[rid].set()
