@@ -18,7 +18,7 @@ from proxy.export.drift import DriftMode
 from proxy.export.trajectory import build_trajectories
 from proxy.store.codec import unpack_ids, unpack_logprobs
 from proxy.store.models import CallRow, SessionRow
-from proxy.weight_versions import version_range
+from proxy.weight_versions import version_range, version_spans
 
 EXPORT_MODES = ("merged", "stepwise")
 
@@ -100,6 +100,9 @@ def stepwise_rows(session: SessionRow, calls: Sequence[CallRow]) -> list[dict[st
                 "token_rewards": token_rewards,
                 "finish_reason": call.finish_reason,
                 "weight_version": call.weight_version,
+                "weight_version_spans": version_spans(
+                    (call.engine_meta or {}).get("weight_versions"), call.weight_version, len(output)
+                ),
                 "metadata": session.meta,
             }
         )

@@ -106,6 +106,16 @@ def test_a_pause_refuses_with_429_and_retry_after_when_configured(
     assert len(engine.requests) == 1
 
 
+def vllm_logprobs(ids: list[int], start: int) -> list[float]:
+    """The logprobs FakeVLLM.push gives a scripted output by default, as float32 exports them."""
+    import numpy as np
+
+    values: list[float] = np.asarray(
+        [-0.01 * (i % 97 + 1) for i in range(start, start + len(ids))], dtype=np.float32
+    ).tolist()
+    return values
+
+
 def _resumed_outputs(vllm: FakeVLLM, tokenizer: Tokenizer) -> tuple[list[int], list[int]]:  # noqa: F811
     first = tokenizer.encode(" alpha beta gamma delta", add_special_tokens=False).ids
     rest = [
@@ -130,6 +140,9 @@ def test_an_aborted_generation_is_continued_and_recorded_whole(
         answer = _chat(url, "resumed")
         assert answer.status_code == 200, answer.text
         [segment] = httpx.get(f"{url}/sessions/resumed/trajectory").json()["segments"]
+        httpx.post(f"{url}/sessions/resumed/finish")
+        export = httpx.get(f"{url}/export", params={"mode": "stepwise"})
+        [step] = [orjson.loads(line) for line in export.content.splitlines() if line]
     sampled = kept + rest
     assert answer.json()["choices"][0]["message"]["content"] == qwen_tokenizer.decode(sampled[:-1])
     assert answer.json()["usage"]["completion_tokens"] == len(sampled)
@@ -142,10 +155,10 @@ def test_an_aborted_generation_is_continued_and_recorded_whole(
     [call] = _calls(tmp_path / "proxy.db")
     assert call["weight_version"] == "v2"
     assert call["engine_meta"]["resumed"] == 1
-    assert call["engine_meta"]["weight_versions"] == [
-        {"version": "v1", "start": 0, "end": 3},
-        {"version": "v2", "start": 3, "end": len(sampled)},
-    ]
+    spans = [{"version": "v1", "start": 0, "end": 3}, {"version": "v2", "start": 3, "end": len(sampled)}]
+    assert call["engine_meta"]["weight_versions"] == spans
+    assert step["weight_version_spans"] == spans  # per-token version spans are exported
+    assert step["rollout_logprobs"] == [*vllm_logprobs(kept, 0), *vllm_logprobs(rest, 0)]
 
 
 def test_a_stream_aborted_by_a_paused_sync_resumes_after_it(
