@@ -95,6 +95,9 @@ class ResumingEngine:
         self._restart_wait_s = restart_wait_s
         self._max_resumes = max_resumes
         self._current: dict[str, str] = {}  # a stream's request id -> its running attempt's
+        # The newest version the engine reported: the label of tokens from an attempt cut by a restart
+        # before the engine said which version sampled them.
+        self.last_version: str | None = None
 
     def __getattr__(self, attribute: str) -> Any:
         return getattr(self.inner, attribute)  # report, honours_seed, wire_sampling...
@@ -143,6 +146,7 @@ class ResumingEngine:
                 held.resumed += 1
                 continue
             held.add(generation.output_ids, generation.logprobs, generation.top_logprobs)
+            self.last_version = generation.weight_version or self.last_version
             held.close_attempt(generation.weight_version, generation.meta.get("weight_versions"))
             if generation.finish.kind != "abort" or held.resumed >= self._max_resumes:
                 return replace(
@@ -161,21 +165,43 @@ class ResumingEngine:
         self, input_ids: PromptIds, params: SamplingParams, request_id: str
     ) -> AsyncIterator[StreamChunk]:
         await self.gate.admit()
-        chunks = await self.inner.stream(input_ids, params, request_id)
+        held = _Held()
+        chunks = await self._open(input_ids, params, request_id, held)
         self.gate.in_flight += 1
         self._current[request_id] = request_id
-        return self._resumed(input_ids, params, request_id, chunks)
+        return self._resumed(input_ids, params, request_id, chunks, held)
+
+    async def _open(
+        self, prompt: PromptIds, params: SamplingParams, attempt: str, held: _Held
+    ) -> AsyncIterator[StreamChunk]:
+        """Open a stream of the generation's next attempt; an engine that is down is waited for."""
+        while True:
+            ids, continued = _continued(prompt, params, held) if held.ids else (prompt, params)
+            try:
+                return await self.inner.stream(ids, continued, attempt)
+            except EngineError as exc:
+                if not self._may_retry(held, exc):
+                    raise
+                await self._wait_to_continue(exc)
+                held.resumed += 1
 
     async def _resumed(
-        self, prompt: PromptIds, params: SamplingParams, request_id: str, chunks: AsyncIterator[StreamChunk]
+        self,
+        prompt: PromptIds,
+        params: SamplingParams,
+        request_id: str,
+        chunks: AsyncIterator[StreamChunk],
+        held: _Held,
     ) -> AsyncIterator[StreamChunk]:
-        held = _Held()
         try:
             while True:
                 error: Exception | None = None
+                seen: str | None = None  # the version this attempt's chunks named, if any
                 try:
                     async for chunk in chunks:
                         held.add(chunk.output_ids, chunk.logprobs, chunk.top_logprobs)
+                        if chunk.weight_version is not None:
+                            seen = self.last_version = chunk.weight_version
                         aborted = chunk.finish is not None and chunk.finish.kind == "abort"
                         if chunk.finish is None or (aborted and held.resumed < self._max_resumes):
                             if chunk.output_ids:
@@ -190,15 +216,14 @@ class ResumingEngine:
                 except EngineError as exc:
                     if not self._may_retry(held, exc):
                         raise
-                    held.close_attempt(None, None)
+                    held.close_attempt(seen or self.last_version, None)
                     error = exc
                 await self._wait_to_continue(error)
                 held.resumed += 1
                 self.gate.resumed_generations += 1
                 attempt = uuid.uuid4().hex  # fixed length, as the first
                 self._current[request_id] = attempt
-                ids, continued = _continued(prompt, params, held)
-                chunks = await self.inner.stream(ids, continued, attempt)
+                chunks = await self._open(prompt, params, attempt, held)
         finally:
             self.gate.in_flight -= 1
             self._current.pop(request_id, None)

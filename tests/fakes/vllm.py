@@ -145,6 +145,8 @@ class FakeVLLM:
     requests: list[dict[str, Any]] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # sampling keys vLLM would drop silently
     aborted: list[str] = field(default_factory=list)
+    # Every sample drawn: prompt, ids, logprobs, version (a cut stream sends a prefix of it).
+    sampled: list[dict[str, Any]] = field(default_factory=list)
     paused: bool = False
     # Aborts scripted as a weight update's: the next requests end "abort" after this many tokens,
     # and the weights then carry version_after_abort (when set).
@@ -227,7 +229,14 @@ class FakeVLLM:
             )
         return room if max_tokens is None else min(max_tokens, room)
 
-    def _sample(self, params: dict[str, Any], cap: int | None) -> _Sample:
+    def _sample(self, params: dict[str, Any], cap: int | None, prompt: list[int] | None = None) -> _Sample:
+        sample = self._draw(params, cap)
+        self.sampled.append(
+            {"prompt": prompt, "ids": sample.ids, "logprobs": sample.logprobs, "version": sample.version}
+        )
+        return sample
+
+    def _draw(self, params: dict[str, Any], cap: int | None) -> _Sample:
         with self._lock:
             scripted = self.script.popleft() if self.script else self._default_output()
         eos = self.eos_ids[0]
@@ -302,7 +311,7 @@ class FakeVLLM:
                     media_type="text/event-stream",
                 )
             return _error(refused.message, refused.status, refused.kind)
-        sample = self._sample(params, cap)
+        sample = self._sample(params, cap, body["token_ids"])
         k = int(params.get("logprobs") or 0)
         if body.get("stream"):
             return StreamingResponse(self._generate_stream(rid, sample, k), media_type="text/event-stream")
@@ -393,7 +402,7 @@ class FakeVLLM:
             cap = self._check(prompt, params)
         except _Refused as refused:
             return _error(refused.message, refused.status, refused.kind)
-        sample = self._sample(params, cap)
+        sample = self._sample(params, cap, prompt)
         k = int(params.get("logprobs") or 0)
         if body.get("stream"):
             return StreamingResponse(
