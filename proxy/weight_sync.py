@@ -23,6 +23,7 @@ class PauseGate:
         self._open = asyncio.Event()
         self._open.set()
         self.paused_since: float | None = None
+        self.pauses = 0  # how many pauses began: an attempt that saw one was aborted by a sync
         self.in_flight = 0
         self.waiting = 0
         self.resumed_generations = 0
@@ -33,6 +34,7 @@ class PauseGate:
 
     def pause(self) -> None:
         if not self.paused:
+            self.pauses += 1
             self.paused_since = time.time()
             self._open.clear()
 

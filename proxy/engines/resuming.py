@@ -115,6 +115,16 @@ class ResumingEngine:
             await asyncio.sleep(0.25)
         raise error
 
+    def _resumable(self, held: _Held, produced: int, pauses_before: int) -> bool:
+        """Whether an engine abort is a weight sync's, to be continued: it cut sampled output, or a
+        pause began meanwhile. An abort before any token with no pause (an engine's refusal at
+        admission looks the same) is retried once only."""
+        if held.resumed >= self._max_resumes:
+            return False
+        if produced or self.gate.paused or self.gate.pauses != pauses_before:
+            return True
+        return held.resumed == 0
+
     def _may_retry(self, held: _Held, error: Exception) -> bool:
         # A refusal (4xx) is the request's fault: never retried. A lost engine is, within the budget.
         return (
@@ -136,6 +146,7 @@ class ResumingEngine:
         held = _Held()
         while True:
             ids, continued = _continued(prompt, params, held) if held.resumed else (prompt, params)
+            pauses = self.gate.pauses
             try:
                 generation = await self.inner.generate(ids, continued)
             except EngineError as exc:
@@ -148,7 +159,8 @@ class ResumingEngine:
             held.add(generation.output_ids, generation.logprobs, generation.top_logprobs)
             self.last_version = generation.weight_version or self.last_version
             held.close_attempt(generation.weight_version, generation.meta.get("weight_versions"))
-            if generation.finish.kind != "abort" or held.resumed >= self._max_resumes:
+            produced = len(generation.output_ids)
+            if generation.finish.kind != "abort" or not self._resumable(held, produced, pauses):
                 return replace(
                     generation,
                     output_ids=held.ids,
@@ -197,13 +209,15 @@ class ResumingEngine:
             while True:
                 error: Exception | None = None
                 seen: str | None = None  # the version this attempt's chunks named, if any
+                pauses = self.gate.pauses
                 try:
                     async for chunk in chunks:
                         held.add(chunk.output_ids, chunk.logprobs, chunk.top_logprobs)
                         if chunk.weight_version is not None:
                             seen = self.last_version = chunk.weight_version
                         aborted = chunk.finish is not None and chunk.finish.kind == "abort"
-                        if chunk.finish is None or (aborted and held.resumed < self._max_resumes):
+                        produced = len(held.ids) - held.attempt_start
+                        if chunk.finish is None or (aborted and self._resumable(held, produced, pauses)):
                             if chunk.output_ids:
                                 yield replace(chunk, finish=None)
                             if aborted:
