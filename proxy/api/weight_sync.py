@@ -44,6 +44,7 @@ async def pause(state: StateDep, body: PauseRequest | None = None) -> dict[str, 
 @router.post("/resume")
 async def resume(state: StateDep) -> dict[str, Any]:
     engine = _engine(state)
+    await engine.refresh_version()  # the version the trainer just loaded, before anything samples
     engine.gate.resume()
     return _state(engine)
 

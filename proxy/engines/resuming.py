@@ -29,7 +29,7 @@ from proxy.engines.base import (
     StreamChunk,
     TopLogprobs,
 )
-from proxy.errors import EngineError, InvalidRequest
+from proxy.errors import EngineError, EngineMismatch, InvalidRequest, ProxyError
 from proxy.weight_sync import PauseGate
 
 log = logging.getLogger("tito_proxy.resuming")
@@ -95,8 +95,8 @@ class ResumingEngine:
         self._restart_wait_s = restart_wait_s
         self._max_resumes = max_resumes
         self._current: dict[str, str] = {}  # a stream's request id -> its running attempt's
-        # The newest version the engine reported: the label of tokens from an attempt cut by a restart
-        # before the engine said which version sampled them.
+        # The newest version the engine reported (or named at a resume): the label of the tokens of an
+        # attempt cut by a restart before the engine said which version sampled them.
         self.last_version: str | None = None
 
     def __getattr__(self, attribute: str) -> Any:
@@ -129,7 +129,7 @@ class ResumingEngine:
         # A refusal (4xx) is the request's fault: never retried. A lost engine is, within the budget.
         return (
             self._restart_wait_s > 0
-            and not isinstance(error, InvalidRequest)
+            and not isinstance(error, InvalidRequest | EngineMismatch)
             and isinstance(error, EngineError)
             and held.resumed < self._max_resumes
         )
@@ -209,6 +209,7 @@ class ResumingEngine:
             while True:
                 error: Exception | None = None
                 seen: str | None = None  # the version this attempt's chunks named, if any
+                started = self.last_version  # the engine's version when this attempt began
                 pauses = self.gate.pauses
                 try:
                     async for chunk in chunks:
@@ -230,7 +231,7 @@ class ResumingEngine:
                 except EngineError as exc:
                     if not self._may_retry(held, exc):
                         raise
-                    held.close_attempt(seen or self.last_version, None)
+                    held.close_attempt(seen or started, None)
                     error = exc
                 await self._wait_to_continue(error)
                 held.resumed += 1
@@ -241,6 +242,14 @@ class ResumingEngine:
         finally:
             self.gate.in_flight -= 1
             self._current.pop(request_id, None)
+
+    async def refresh_version(self) -> None:
+        """Read the engine's current weight version (at a resume: the version that samples next)."""
+        try:
+            version = (await self.inner.info()).weight_version
+        except ProxyError:
+            return
+        self.last_version = version or self.last_version
 
     async def abort(self, request_id: str) -> None:
         await self.inner.abort(self._current.get(request_id, request_id))

@@ -174,9 +174,10 @@ class VLLMEngine:
         return self.probe if self.probe is not None else await self.start()
 
     def report(self) -> dict[str, Any]:
+        # No URL: /v1/template is open to harnesses, which need not learn where the engine runs.
         if self.probe is None:
-            return {"kind": "vllm", "url": self._base_url, "probed": False}
-        return {**self.probe.report(), "url": self._base_url}
+            return {"kind": "vllm", "probed": False}
+        return self.probe.report()
 
     # --- generation ---
 

@@ -130,7 +130,8 @@ def test_sessions_see_no_failure_through_two_weight_updates_and_a_restart(
 ) -> None:
     im_end = token_id(qwen_tokenizer, "<|im_end|>")
     fake = FakeVLLM(tokenizer=qwen_tokenizer, eos_ids=(im_end,), vocab_size=qwen_tokenizer.get_vocab_size())
-    fake.weight_version, fake.chunk_delay_s = "v0", 0.03
+    # Dev mode, as RL trainers run vLLM for its weight routes: /weight_info names the version.
+    fake.weight_version, fake.chunk_delay_s, fake.dev_mode = "v0", 0.03, True
     words = [*qwen_tokenizer.encode(" a b c d e f g h i j k l", add_special_tokens=False).ids, im_end]
     draws = itertools.count()
 
