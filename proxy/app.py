@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -14,7 +15,7 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from proxy.api import admin, export, health, models, sessions
+from proxy.api import admin, export, health, models, sessions, weight_sync
 from proxy.api.auth import require_admin_key, require_harness_key
 from proxy.app_state import AppState
 from proxy.chat.call_format import choose_parser
@@ -24,7 +25,8 @@ from proxy.config import Settings
 from proxy.dialects import anthropic, chat, completions, responses
 from proxy.engines.base import Engine
 from proxy.engines.checked import CheckedEngine
-from proxy.errors import InvalidRequest, ProxyError
+from proxy.engines.resuming import ResumingEngine
+from proxy.errors import EngineMismatch, EngineUnavailable, InvalidRequest, ProxyError
 from proxy.store.database import (
     create_engine,
     database_error,
@@ -35,6 +37,7 @@ from proxy.store.database import (
 from proxy.store.repository import Repository, utcnow
 from proxy.store.turn_store import open_turn_store
 from proxy.turns import TurnRunner
+from proxy.weight_sync import PauseGate
 
 log = logging.getLogger("tito_proxy")
 
@@ -45,9 +48,50 @@ def build_engine(settings: Settings) -> Engine:
 
         assert settings.model is not None
         return LocalEngine(settings.model, default_max_new_tokens=settings.local_max_new_tokens)
+    if settings.engine == "vllm":
+        from proxy.engines.vllm import VLLMEngine
+
+        return VLLMEngine(
+            settings.engine_url,
+            timeout_s=settings.engine_timeout_s,
+            declared_logprobs_mode=settings.vllm_logprobs_mode,
+            api_key=settings.engine_api_key.get_secret_value() if settings.engine_api_key else None,
+        )
     from proxy.engines.sglang import SGLangEngine
 
     return SGLangEngine(settings.engine_url, timeout_s=settings.engine_timeout_s)
+
+
+async def check_engine(settings: Settings, inference: Engine) -> Engine:
+    """At start: the engine URL must speak the configured engine's protocol (else EngineMismatch, which
+    stops the start); a vLLM server is probed for its route and logprobs mode, with a loud warning when
+    its logprobs are not the sampled distribution. An engine not up yet is checked when it answers
+    (the engine returned is then wrapped in a ProtocolGuard)."""
+    from proxy.engines.detect import ProtocolGuard, check_identity, identify
+    from proxy.engines.vllm import VLLMEngine
+
+    key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None
+    identity = await identify(settings.engine_url, api_key=key)
+    try:
+        check_identity(settings.engine, settings.engine_url, identity)
+        if identity.kind == "unreachable":
+            log.warning(
+                "the engine at %s does not answer yet; its protocol is checked when it does",
+                settings.engine_url,
+            )
+            return ProtocolGuard(inference, settings.engine, settings.engine_url, api_key=key)
+        log.info("the engine at %s speaks %s", settings.engine_url, identity.describe())
+        if isinstance(inference, VLLMEngine):
+            probe = await inference.start()
+            log.info("vLLM: %s", probe.report())
+            if probe.warning():
+                log.warning("%s\n%s\n%s", "!" * 72, probe.warning(), "!" * 72)
+    except EngineMismatch as exc:
+        log.error("tito-proxy cannot start: %s", exc.message)
+        raise
+    except EngineUnavailable as exc:
+        log.warning("the engine is not ready (%s); it is probed again on first use", exc.message)
+    return inference
 
 
 def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
@@ -55,11 +99,23 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        inference = engine or build_engine(settings)
+        if engine is None and settings.engine != "local":
+            try:
+                inference = await check_engine(settings, inference)
+            except BaseException:
+                await inference.aclose()
+                raise
         await upgrade_to_head(settings.db)
         db_engine = create_engine(settings.db)
         renderer = Renderer(load_tokenizer_files(settings.tokenizer_dir))
-        # Every engine answer passes the checks before it is recorded or streamed.
-        inference = CheckedEngine(engine or build_engine(settings), vocab_size=renderer.vocab_size)
+        # Every engine answer passes the checks before it is recorded or streamed; every engine call
+        # passes the trainer's pause gate, and aborted generations are continued.
+        inference = ResumingEngine(
+            CheckedEngine(inference, vocab_size=renderer.vocab_size),
+            PauseGate(settings.pause_mode, settings.pause_max_wait_s, settings.retry_after_s),
+            restart_wait_s=settings.engine_restart_wait_s,
+        )
         context_length = settings.context_length
         engine_version: str | None = None
         try:
@@ -131,7 +187,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     for surface in (models.router, chat.router, completions.router, responses.router, anthropic.router):
         app.include_router(surface, dependencies=harness)
         app.include_router(surface, prefix="/sessions/{session_id}", dependencies=harness)
-    for recorded in (sessions.router, export.router, admin.router):
+    for recorded in (sessions.router, export.router, admin.router, weight_sync.router):
         app.include_router(recorded, dependencies=[Depends(require_admin_key)])
     app.include_router(health.router)
     _install_docs(app)
@@ -183,7 +239,11 @@ async def _finish_idle_sessions(state: AppState) -> None:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ProxyError)
     async def proxy_error(_: Request, exc: ProxyError) -> JSONResponse:
-        return JSONResponse(exc.envelope(), status_code=exc.status_code)
+        retry = exc.retry_after_s
+        if retry is None and exc.status_code == 503:
+            retry = app.state.proxy.settings.retry_after_s if hasattr(app.state, "proxy") else 5.0
+        headers = {"Retry-After": str(max(1, math.ceil(retry)))} if retry is not None else None
+        return JSONResponse(exc.envelope(), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -17,8 +17,16 @@ from proxy.chat.parsing import PARSER_NAMES
 
 def _serve_parser(sub: Any) -> None:
     serve = sub.add_parser("serve", help="run the proxy (flags override TITO_* environment variables)")
-    serve.add_argument("--engine", choices=["sglang", "local"], help="inference engine (default sglang)")
-    serve.add_argument("--engine-url", help="SGLang base URL (default http://127.0.0.1:30000)")
+    serve.add_argument(
+        "--engine", choices=["sglang", "vllm", "local"], help="inference engine (default sglang)"
+    )
+    serve.add_argument("--engine-url", help="SGLang or vLLM base URL (default http://127.0.0.1:30000)")
+    serve.add_argument("--engine-api-key", help="vLLM's --api-key; also TITO_ENGINE_API_KEY")
+    serve.add_argument(
+        "--vllm-logprobs-mode",
+        choices=["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"],
+        help="the --logprobs-mode vLLM runs with, where its /server_info cannot tell",
+    )
     serve.add_argument(
         "--engine-timeout-s", type=float, help="seconds to wait for one engine call (default 600)"
     )
@@ -76,6 +84,18 @@ def _serve_parser(sub: Any) -> None:
         const=True,
         help="bind beyond loopback without both keys (refused otherwise); also TITO_ALLOW_UNAUTHENTICATED",
     )
+    serve.add_argument(
+        "--pause-mode", choices=["wait", "reject"], help="new turns while paused: wait (default) or 429"
+    )
+    serve.add_argument(
+        "--pause-max-wait-s", type=float, help="longest wait at a pause, then 429 (default 300)"
+    )
+    serve.add_argument("--retry-after-s", type=float, help="Retry-After of 429 and 503 answers (default 5)")
+    serve.add_argument(
+        "--engine-restart-wait-s",
+        type=float,
+        help="continue generations lost to an engine restart back within this long (default 0: off)",
+    )
 
 
 def _settings_from(args: argparse.Namespace) -> Any:
@@ -85,6 +105,8 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "engine",
         "engine_url",
         "engine_timeout_s",
+        "engine_api_key",
+        "vllm_logprobs_mode",
         "model",
         "local_max_new_tokens",
         "tokenizer",
@@ -103,6 +125,10 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "api_key",
         "admin_key",
         "allow_unauthenticated",
+        "pause_mode",
+        "pause_max_wait_s",
+        "retry_after_s",
+        "engine_restart_wait_s",
     )
     given = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     return Settings(**given)

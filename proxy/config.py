@@ -11,7 +11,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from proxy.model_source import ModelSource, resolve
 
-EngineKind = Literal["sglang", "local"]
+EngineKind = Literal["sglang", "vllm", "local"]
+VLLMLogprobsMode = Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"]
 
 
 class Settings(BaseSettings):
@@ -22,6 +23,10 @@ class Settings(BaseSettings):
     engine: EngineKind = "sglang"
     engine_url: str = "http://127.0.0.1:30000"
     engine_timeout_s: float = Field(default=600.0, gt=0)
+    # vLLM's --api-key, sent as a Bearer token to the engine (vLLM guards its /v1 and /inference routes).
+    engine_api_key: SecretStr | None = None
+    # The --logprobs-mode vLLM was started with, for servers that do not tell it (no dev mode).
+    vllm_logprobs_mode: VLLMLogprobsMode | None = None
     model: Path | None = None
     # The local engine's max_new_tokens for a request without max_tokens (it samples one turn at a time).
     local_max_new_tokens: int = Field(default=512, gt=0)
@@ -32,6 +37,15 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # While the trainer pauses generation (POST /admin/pause): new turns wait up to pause_max_wait_s
+    # ("wait") or are refused at once ("reject"), both with 429 and Retry-After when they cannot run.
+    pause_mode: Literal["wait", "reject"] = "wait"
+    pause_max_wait_s: float = Field(default=300.0, ge=0)
+    # Sent as Retry-After on 429 and 503 answers.
+    retry_after_s: float = Field(default=5.0, gt=0)
+    # A generation lost to an engine restart is continued once the engine is back within this long;
+    # 0: the turn fails with 503 at once.
+    engine_restart_wait_s: float = Field(default=0.0, ge=0)
     # A comment is sent on a silent stream this often, so that proxies and clients keep it open.
     stream_keepalive_s: float = Field(default=15.0, gt=0)
     # Sessions with no call for this long are finished (and so exported); 0 turns it off.

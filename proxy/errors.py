@@ -11,11 +11,13 @@ ProxyError                      500 server_error
 ├── ClientClosedRequest         499 (the client left before its answer; nobody reads this one)
 ├── Conflict                    409 conflict_error (a session id that is taken, or deleted mid-turn)
 │   └── SessionFinished         409 code=session_finished (a turn for, or committed after, a finish)
+├── Paused                      429 code=engine_paused (a weight sync holds new turns; Retry-After)
 ├── DatabaseUnavailable         503 code=database_unavailable (disk full, locked, connection lost)
 │   └── RecordFailed            503 code=record_failed (the database refused a turn's commit)
 └── EngineError                 502 engine_error (bad answer from the engine)
     ├── InvalidEngineAnswer     502 (ids, logprobs or finish reason that fail the checks: never recorded)
     ├── EngineUnavailable       503 (cannot connect, or the engine says it is not ready)
+    │   └── EngineMismatch      503 code=engine_mismatch (the URL speaks another engine's protocol, or none)
     └── EngineTimeout           504
 """
 
@@ -28,6 +30,8 @@ class ProxyError(Exception):
     status_code = 500
     error_type = "server_error"
     default_code: str | None = None
+    # Seconds a client should wait before retrying, sent as Retry-After (429 and 503 answers).
+    retry_after_s: float | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -91,6 +95,18 @@ class Conflict(ProxyError):
     default_code = "conflict"
 
 
+class Paused(ProxyError):
+    """The trainer paused generation for a weight sync and the turn could not wait for the resume."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+    default_code = "engine_paused"
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class SessionFinished(Conflict):
     """The session is finished: a turn that reaches its commit after the finish is refused, so that
     every recorded turn is in the export that follows the finish."""
@@ -126,6 +142,12 @@ class InvalidEngineAnswer(EngineError):
 class EngineUnavailable(EngineError):
     status_code = 503
     default_code = "engine_unavailable"
+
+
+class EngineMismatch(EngineUnavailable):
+    """The engine URL speaks another protocol than the configured engine's: a start-up error."""
+
+    default_code = "engine_mismatch"
 
 
 class EngineTimeout(EngineError):

@@ -379,7 +379,7 @@ class TurnRunner:
                 "dialect": request.dialect,
             },
             response_message=reply,
-            sampling_params=turn.params.as_sglang(),
+            sampling_params=_recorded_sampling(self.engine, turn.params),
             weight_version=generation.weight_version or turn.dispatched_version,
             engine_meta=_engine_meta(generation),
             timings={},
@@ -574,6 +574,13 @@ def _engine_meta(generation: Generation) -> dict[str, Any]:
         **generation.meta,
         "top_logprobs": [[[t, lp] for t, lp in top] for top in generation.top_logprobs],
     }
+
+
+def _recorded_sampling(engine: Engine, params: SamplingParams) -> dict[str, Any]:
+    """The sampling parameters as the engine got them (vLLM's names for vLLM, SGLang's otherwise)."""
+    wire = getattr(engine, "wire_sampling", None)
+    recorded: dict[str, Any] = wire(params) if callable(wire) else params.as_sglang()
+    return recorded
 
 
 def _replace_max(params: SamplingParams, max_new_tokens: int) -> SamplingParams:

@@ -25,7 +25,8 @@ def assert_invariants(
     expected_logprobs = [0.0] * len(response)
     previous: list[int] | None = None
     for request, output in zip(engine_requests, outputs, strict=True):
-        sent = request["input_ids"]
+        # SGLang's input_ids; vLLM's token_ids (/inference/v1/generate) or prompt (/v1/completions).
+        sent = request.get("input_ids") or request.get("token_ids") or request["prompt"]
         # I6: what the engine got is exactly the exported stream up to that call.
         assert stream[: len(sent)] == sent
         # I2: each prompt extends the previous prompt + output verbatim.

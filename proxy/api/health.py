@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import APIRouter
@@ -16,4 +17,7 @@ router = APIRouter(tags=["health"])
 async def health(state: StateDep) -> dict[str, Any] | JSONResponse:
     engine_ready = await state.engine.ready()
     body = {"status": "ok" if engine_ready else "engine_unavailable", "engine": state.engine.name}
-    return body if engine_ready else JSONResponse(body, status_code=503)
+    if engine_ready:
+        return body
+    retry_after = str(max(1, math.ceil(state.settings.retry_after_s)))
+    return JSONResponse(body, status_code=503, headers={"Retry-After": retry_after})

@@ -14,9 +14,13 @@ router = APIRouter(prefix="/v1", tags=["openai"], route_class=OrjsonRoute)
 
 @router.get("/template")
 async def template_report(state: StateDep) -> dict[str, Any]:
-    """The start-up self-test's verdict on the served chat template, and the tool parser chosen."""
+    """The start-up self-test's verdict on the served chat template, the tool parser chosen, and what
+    the engine reports (for vLLM: its logprobs mode and whether its logprobs are the sampled
+    distribution)."""
     parser = state.tool_parser.as_json() if state.tool_parser is not None else None
-    return {**state.renderer.verdict.as_json(), "tool_parser": parser}
+    report = getattr(state.engine, "report", None)
+    engine = report() if callable(report) else {"kind": state.engine.name}
+    return {**state.renderer.verdict.as_json(), "tool_parser": parser, "engine": engine}
 
 
 @router.get("/models")

@@ -303,6 +303,18 @@ class SGLangEngine:
             ) as response:
                 await response.read()
 
+    async def abort_all(self) -> None:
+        """Abort every request on the server (a trainer's pause with abort): each ends "abort" with the
+        tokens it has, which the resuming wrapper continues after the pause."""
+        with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+            async with self._session().post(
+                self._url("/abort_request"),
+                data=orjson.dumps({"rid": "", "abort_all": True}),
+                headers={"content-type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=5.0),
+            ) as response:
+                await response.read()
+
     async def _get_json(self, path: str) -> Any | None:
         """The JSON body of a GET, or None when the route answers anything but 200."""
         async with self._session().get(self._url(path)) as response:

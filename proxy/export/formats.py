@@ -12,7 +12,7 @@ from proxy.errors import UnsupportedParameter
 
 EXPORT_FORMATS = ("jsonl", "parquet")
 # Nested values of varying shape are JSON text in Parquet, so every page has one schema.
-_JSON_COLUMNS = ("drift", "metadata", "boundary_edits")
+_JSON_COLUMNS = ("drift", "metadata", "boundary_edits", "weight_version_spans")
 
 
 def jsonl(rows: list[dict[str, Any]]) -> bytes:
@@ -48,6 +48,7 @@ def _parquet_schema(mode: str) -> Any:
                 ("token_rewards", floats),
                 ("finish_reason", pa.string()),
                 ("weight_version", pa.string()),
+                ("weight_version_spans", pa.string()),
             ]
         )
     return pa.schema(

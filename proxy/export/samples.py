@@ -22,16 +22,17 @@ from proxy.export.drift import DriftMode
 from proxy.export.trajectory import build_trajectories
 from proxy.store.codec import unpack_ids, unpack_logprobs
 from proxy.store.models import CallRow, SessionRow
+from proxy.weight_versions import version_range, version_spans
 
 EXPORT_MODES = ("merged", "stepwise")
 
 
 def _versions(versions: Sequence[str | None]) -> dict[str, Any]:
-    known = sorted(v for v in versions if v is not None)
+    lowest, highest = version_range(list(versions))  # as versions: "9" < "10", never as strings
     return {
         "weight_versions": list(versions),
-        "weight_version_min": known[0] if known else None,
-        "weight_version_max": known[-1] if known else None,
+        "weight_version_min": lowest,
+        "weight_version_max": highest,
     }
 
 
@@ -121,6 +122,9 @@ def stepwise_rows(
                 "token_rewards": token_rewards,
                 "finish_reason": call.finish_reason,
                 "weight_version": call.weight_version,
+                "weight_version_spans": version_spans(
+                    (call.engine_meta or {}).get("weight_versions"), call.weight_version, len(output)
+                ),
                 "metadata": session.meta,
             }
         )

@@ -20,6 +20,7 @@ from proxy.chat.renderer import Renderer
 from proxy.chat.tokenizer import load_tokenizer_files
 from proxy.config import Settings
 from tests.fakes.sglang import FakeSGLang
+from tests.fakes.vllm import FakeVLLM
 from tests.families import FAMILIES, Family, build_tokenizer_dir
 from tests.invariants import assert_invariants
 from tests.support import serve
@@ -108,23 +109,36 @@ def family_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def family_proxy(
     request: pytest.FixtureRequest, family_root: Path, tmp_path: Path
 ) -> Iterator[tuple[str, FakeSGLang, Renderer]]:
-    family = FAMILIES[request.param]
+    """The proxy on the SGLang stand-in; `family@vllm` puts it on the vLLM stand-in instead."""
+    name, _, engine_kind = str(request.param).partition("@")
+    family = FAMILIES[name]
     directory = build_tokenizer_dir(family, family_root / family.name)
     tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
     renderer = Renderer(load_tokenizer_files(directory))
-    fake = FakeSGLang(
-        tokenizer=tokenizer,
-        eos_ids=renderer.stop_token_ids,
-        vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
-    )
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    fake: Any
+    if engine_kind == "vllm":
+        fake = FakeVLLM(tokenizer=tokenizer, eos_ids=renderer.stop_token_ids, vocab_size=vocab_size)
+    else:
+        fake = FakeSGLang(tokenizer=tokenizer, eos_ids=renderer.stop_token_ids, vocab_size=vocab_size)
     with serve(fake.app()) as engine_url:
-        settings = Settings(engine_url=engine_url, tokenizer=directory, db=f"sqlite:///{tmp_path / 'f.db'}")
+        settings = Settings(
+            engine=engine_kind or "sglang",
+            engine_url=engine_url,
+            tokenizer=directory,
+            db=f"sqlite:///{tmp_path / 'f.db'}",
+        )
         with serve(create_app(settings)) as url:
             yield url, fake, renderer
-    assert not fake.crashed
+    if engine_kind == "vllm":
+        assert fake.ignored == [], "a sampling key vLLM does not know was sent (vLLM drops it silently)"
+    else:
+        assert not fake.crashed
 
 
-@pytest.mark.parametrize("family_proxy", sorted(FAMILIES), indirect=True)
+@pytest.mark.parametrize(
+    "family_proxy", [*sorted(FAMILIES), "qwen3@vllm", "llama3_1@vllm", "gpt_oss@vllm"], indirect=True
+)
 def test_family_conversation_keeps_every_sampled_token(
     family_proxy: tuple[str, FakeSGLang, Renderer],
 ) -> None:

@@ -1,0 +1,54 @@
+"""Trainer routes for weight syncs: pause and resume generation, and the state of in-flight turns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict
+
+from proxy.api.deps import StateDep
+from proxy.app_state import AppState
+from proxy.engines.resuming import ResumingEngine
+from proxy.errors import ProxyError
+
+router = APIRouter(prefix="/admin", tags=["admin"])
+
+
+class PauseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    # False: in-flight generations finish; true: they are aborted now and continued after the resume.
+    abort_in_flight: bool = False
+
+
+def _engine(state: AppState) -> ResumingEngine:
+    if not isinstance(state.engine, ResumingEngine):
+        raise ProxyError("this proxy's engine has no pause gate")
+    return state.engine
+
+
+def _state(engine: ResumingEngine) -> dict[str, Any]:
+    gate = engine.gate.state()
+    return {**gate, "engines": [{"name": engine.name, "in_flight": gate["in_flight"]}]}
+
+
+@router.post("/pause")
+async def pause(state: StateDep, body: PauseRequest | None = None) -> dict[str, Any]:
+    engine = _engine(state)
+    engine.gate.pause()
+    if body is not None and body.abort_in_flight:
+        await engine.abort_in_flight()
+    return _state(engine)
+
+
+@router.post("/resume")
+async def resume(state: StateDep) -> dict[str, Any]:
+    engine = _engine(state)
+    await engine.refresh_version()  # the version the trainer just loaded, before anything samples
+    engine.gate.resume()
+    return _state(engine)
+
+
+@router.get("/state")
+async def pause_state(state: StateDep) -> dict[str, Any]:
+    return _state(_engine(state))
