@@ -94,6 +94,14 @@ async def check_engine(settings: Settings, inference: Engine) -> Engine:
     return inference
 
 
+def _named_model(reported: str) -> str | None:
+    """The engine's name for its model (SGLang's --served-model-name, vLLM's model id), unless it is
+    a path or unknown: then the proxy's own (a hub id, or the tokenizer directory's name) is used."""
+    if not reported or reported == "unknown" or reported.startswith(("/", ".", "~")):
+        return None
+    return reported
+
+
 def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     """The app for these settings; `engine` replaces the configured one (tests pass fakes here)."""
 
@@ -118,10 +126,12 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         )
         context_length = settings.context_length
         engine_version: str | None = None
+        model_name = settings.model_name
         try:
             info = await inference.info()
             engine_version = info.weight_version
             context_length = context_length or info.context_length
+            model_name = settings.served_model_name or _named_model(info.model) or model_name
         except ProxyError as exc:
             log.warning("engine info unavailable at start (%s)", exc.message)
         verdict = renderer.verdict
@@ -156,7 +166,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
                 parser=parser,
                 history_mode=settings.history_mode,
             ),
-            model_name=settings.model_name,
+            model_name=model_name,
             context_length=context_length,
             tool_parser=parser_report,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
@@ -28,6 +29,8 @@ class AppState:
     context_length: int | None
     retries: RetryGuard = field(default_factory=RetryGuard)
     tool_parser: ToolParserReport | None = None  # which parser reads the template's calls
+    # When this process started serving (Unix seconds, UTC): /v1/models' `created`.
+    started_at: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
         self.pieces = TokenPieces(self.renderer.tokenizer, self.renderer.special_ids)

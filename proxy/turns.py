@@ -111,6 +111,8 @@ class TurnResult:
     completion_tokens: int
     generation: Generation
     choice_index: int = 0
+    # The request's id (shared by its choices): answers are named by it, plain, streamed or replayed.
+    request_id: str = ""
 
 
 def _finish_for_openai(generation: Generation, output: ParsedOutput) -> str | None:
@@ -317,6 +319,7 @@ class TurnRunner:
                     completion_tokens=len(generation.output_ids),
                     generation=generation,
                     choice_index=index,
+                    request_id=turn.request_id,
                 )
             )
         return results

@@ -110,5 +110,7 @@ async def answer(
             results = await run_watched(state, session_id, request, client)
     finally:
         await exit_stack.aclose()
+    # The recorded calls, in choice order: what POST /sessions/{id}/reward's call_rewards names.
+    headers["X-Tito-Call-Ids"] = ",".join(str(result.call_id) for result in results)
     # Serialized here, once, by orjson: FastAPI's encoder would walk the body in Python first.
     return Response(orjson.dumps(body_of(results)), media_type="application/json", headers=headers)

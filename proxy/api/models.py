@@ -31,7 +31,7 @@ async def list_models(state: StateDep) -> dict[str, Any]:
             {
                 "id": state.model_name,
                 "object": "model",
-                "created": 0,
+                "created": state.started_at,
                 "owned_by": "tito-proxy",
                 "max_model_len": state.context_length,
             }

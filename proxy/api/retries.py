@@ -143,6 +143,7 @@ def replayed_results(rows: Sequence[CallRow]) -> list[TurnResult]:
                 prompt_tokens=row.prompt_len,
                 completion_tokens=len(generation.output_ids),
                 generation=generation,
+                request_id=str(detail.get("request_id") or row.id),
                 choice_index=detail.get("choice", 0),
             )
         )

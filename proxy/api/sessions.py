@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Response
@@ -33,13 +33,18 @@ class RewardBody(BaseModel):
     call_rewards: dict[RowId, FiniteFloat] | None = None
 
 
+def _utc_iso(moment: datetime) -> str:
+    """ISO 8601 with its zone: times are stored in UTC, and SQLite hands them back without a zone."""
+    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).isoformat()
+
+
 def session_json(session: SessionRow) -> dict[str, Any]:
     return {
         "id": session.id,
         "status": session.status,
-        "created_at": session.created_at.isoformat(),
-        "updated_at": session.updated_at.isoformat(),
-        "finished_at": session.finished_at.isoformat() if session.finished_at else None,
+        "created_at": _utc_iso(session.created_at),
+        "updated_at": _utc_iso(session.updated_at),
+        "finished_at": _utc_iso(session.finished_at) if session.finished_at else None,
         "metadata": session.meta,
         "reward": session.reward,
     }

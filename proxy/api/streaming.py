@@ -347,7 +347,7 @@ async def sse_events(
     text_completion: bool = False,
 ) -> AsyncIterator[bytes]:
     """The whole event stream of one request: every choice, usage, then [DONE]."""
-    writer = _writer(streams[0][0], options.model, text_completion=text_completion)
+    writer = _writer(turn.request_id, options.model, text_completion=text_completion)
     results: list[TurnResult] = []
     choices = [
         _choice_events(
@@ -382,7 +382,7 @@ async def replayed_events(
     text_completion: bool = False,
 ) -> AsyncIterator[bytes]:
     """A recorded answer streamed again (an idempotent retry): whole deltas, then finish and usage."""
-    writer = _writer(str(results[0].call_id), options.model, text_completion=text_completion)
+    writer = _writer(results[0].request_id, options.model, text_completion=text_completion)
     for result in results:
         index = result.choice_index
         generation = result.generation

@@ -114,7 +114,7 @@ def _completion_body(
         )
     completion_tokens = sum(r.completion_tokens for r in results)
     return {
-        "id": f"chatcmpl-{results[0].call_id}",
+        "id": f"chatcmpl-{results[0].request_id}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,

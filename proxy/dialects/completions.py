@@ -54,7 +54,7 @@ def _body(
         choices.append(choice)
     completion_tokens = sum(r.completion_tokens for r in results)
     answer: dict[str, Any] = {
-        "id": f"cmpl-{results[0].call_id}",
+        "id": f"cmpl-{results[0].request_id}",
         "object": "text_completion",
         "created": int(time.time()),
         "model": body.model,

@@ -39,7 +39,7 @@ class Conversation:
             return False
         assert response.status_code == 200, response.text
         body = response.json()
-        self.answered.append(int(body["id"].removeprefix("chatcmpl-")))
+        self.answered.append(int(response.headers["X-Tito-Call-Ids"]))
         self.messages = [*messages, body["choices"][0]["message"]]
         return True
 

@@ -31,7 +31,7 @@ def _turn(url: str, index: int, stream: bool) -> tuple[str, Any]:
     if not stream:
         response = httpx.post(address, json=body, timeout=60)
         if response.status_code == 200:
-            return "ok", int(response.json()["id"].removeprefix("chatcmpl-"))
+            return "ok", int(response.headers["X-Tito-Call-Ids"])
         assert response.status_code == 409, response.text
         return "refused", response.json()["error"]
     with httpx.stream("POST", address, json={**body, "stream": True}, timeout=60) as response:

@@ -16,8 +16,8 @@ USER = [{"role": "user", "content": "hi"}]
 
 
 def test_a_reward_that_is_not_a_finite_number_is_a_400_and_keeps_the_reward(proxy_url: str) -> None:
-    answered = chat(proxy_url, USER, "r")
-    call_id = int(answered["id"].removeprefix("chatcmpl-"))
+    chat(proxy_url, USER, "r")
+    (call_id,) = httpx.get(f"{proxy_url}/sessions/r/trajectory").json()["segments"][0]["call_ids"]
     reward = f"{proxy_url}/sessions/r/reward"
     assert httpx.post(reward, json={"reward": 0.5, "call_rewards": {str(call_id): 0.25}}).status_code == 200
     # The literals Python's JSON parser accepts beyond the standard; 1e999 overflows to infinity.
