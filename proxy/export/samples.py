@@ -19,7 +19,9 @@ from typing import Any
 from proxy.chat.renderer import Renderer
 from proxy.export.branches import BranchFilter, branch_labels, kept
 from proxy.export.drift import DriftMode
+from proxy.export.formats import BOUNDARY_EDIT_FIELDS
 from proxy.export.trajectory import build_trajectories
+from proxy.export.versions import sorted_versions
 from proxy.store.codec import unpack_ids, unpack_logprobs
 from proxy.store.models import CallRow, SessionRow
 
@@ -27,11 +29,25 @@ EXPORT_MODES = ("merged", "stepwise")
 
 
 def _versions(versions: Sequence[str | None]) -> dict[str, Any]:
-    known = sorted(v for v in versions if v is not None)
+    known = sorted_versions(versions)
     return {
         "weight_versions": list(versions),
         "weight_version_min": known[0] if known else None,
         "weight_version_max": known[-1] if known else None,
+    }
+
+
+def _full_edit(edit: dict[str, Any]) -> dict[str, Any]:
+    """Every edit with every field (null where it does not apply): one shape in JSONL and Parquet."""
+    return {**{name: edit.get(name) for name in BOUNDARY_EDIT_FIELDS}, **edit}
+
+
+def group_fields(session: SessionRow) -> dict[str, Any]:
+    """The session's GRPO group, first-class in every row (None when it has none)."""
+    return {
+        "group_id": session.group_id,
+        "sample_index": session.sample_index,
+        "group_size": session.group_size,
     }
 
 
@@ -61,7 +77,8 @@ def merged_rows(
         rows.append(
             {
                 "session_id": session.id,
-                "sample_index": leaves[trajectory.calls[-1].id],
+                **group_fields(session),
+                "path_index": leaves[trajectory.calls[-1].id],
                 "segment_id": trajectory.segment_id,
                 "branch": trajectory.branch,
                 "call_ids": [c.id for c in trajectory.calls],
@@ -73,7 +90,7 @@ def merged_rows(
                 "reward": session.reward,
                 "call_rewards": [c.reward for c in trajectory.calls],
                 "finish_reasons": [c.finish_reason for c in trajectory.calls],
-                "boundary_edits": trajectory.boundary_edits,
+                "boundary_edits": [_full_edit(edit) for edit in trajectory.boundary_edits],
                 "drift": trajectory.drift,
                 "metadata": session.meta,
                 **_versions([c.weight_version for c in trajectory.calls]),
@@ -106,6 +123,7 @@ def stepwise_rows(
         rows.append(
             {
                 "session_id": session.id,
+                **group_fields(session),
                 "trajectory_id": session.id,
                 "step": index,
                 "call_id": call.id,
@@ -140,7 +158,7 @@ _LISTED = (
     ("weight_version", "weight_versions"),
 )
 # Values a run takes from its first step, and from its last.
-_FIRST = ("cursor", "session_id", "trajectory_id", "metadata")
+_FIRST = ("cursor", "session_id", "group_id", "sample_index", "group_size", "trajectory_id", "metadata")
 _LAST = ("segment_id", "branch", "is_last_step", "finish_reason", "reward")
 
 
