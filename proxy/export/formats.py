@@ -16,6 +16,27 @@ EXPORT_FORMATS = ("jsonl", "parquet")
 BOUNDARY_EDIT_FIELDS = ("kind", "position", "call_id", "token", "sampled", "rendered")
 
 
+def drift_kinds() -> list[str]:
+    from proxy.export.drift import ALLOWED_KINDS
+
+    return sorted({*ALLOWED_KINDS, "unclassified"})
+
+
+def export_drift(drift: dict[str, Any]) -> dict[str, Any] | None:
+    """A segment's drift report as exported: null when there is none (drift disabled), else with a
+    count for every kind (0 when absent), so its structure never depends on the data."""
+    if not drift:
+        return None
+    counts = drift.get("counts", {})
+    return {
+        "differences": [],
+        "unclassified": 0,
+        "skipped": None,
+        **drift,
+        "counts": {kind: counts.get(kind, 0) for kind in drift_kinds()},
+    }
+
+
 def jsonl(rows: list[dict[str, Any]]) -> bytes:
     return b"".join(orjson.dumps(row) + b"\n" for row in rows)
 
@@ -31,8 +52,6 @@ def _boundary_edit_type() -> Any:
 def _drift_type() -> Any:
     import pyarrow as pa
 
-    from proxy.export.drift import ALLOWED_KINDS
-
     difference = pa.struct(
         [
             ("kind", pa.string()),
@@ -44,14 +63,15 @@ def _drift_type() -> Any:
             ("whitespace_only", pa.bool_()),
         ]
     )
-    # One count per drift kind (null: none of that kind), so the column's type never depends on the data.
-    counts = pa.struct([(kind, pa.int64()) for kind in sorted({*ALLOWED_KINDS, "unclassified"})])
+    # One count per drift kind, so the column's type never depends on the data.
+    counts = pa.struct([(kind, pa.int64()) for kind in drift_kinds()])
     return pa.struct(
         [
             ("mode", pa.string()),
             ("differences", pa.list_(difference)),
             ("counts", counts),
             ("unclassified", pa.int64()),
+            ("skipped", pa.string()),  # why no report was made (text completions have no messages)
         ]
     )
 
@@ -162,10 +182,7 @@ async def metadata_type(metas: AsyncIterator[list[dict[str, Any]]]) -> MetadataT
 
 
 def _parquet_row(row: dict[str, Any], metadata: MetadataType) -> dict[str, Any]:
-    out = {**row, "metadata": metadata.value(row.get("metadata") or {})}
-    if "drift" in row:
-        out["drift"] = row["drift"] or None  # an empty report (drift disabled) is null
-    return out
+    return {**row, "metadata": metadata.value(row.get("metadata") or {})}
 
 
 class _Drain(io.RawIOBase):

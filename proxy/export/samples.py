@@ -19,7 +19,7 @@ from typing import Any
 from proxy.chat.renderer import Renderer
 from proxy.export.branches import BranchFilter, branch_labels, kept
 from proxy.export.drift import DriftMode
-from proxy.export.formats import BOUNDARY_EDIT_FIELDS
+from proxy.export.formats import BOUNDARY_EDIT_FIELDS, export_drift
 from proxy.export.trajectory import build_trajectories
 from proxy.export.versions import sorted_versions
 from proxy.store.codec import unpack_ids, unpack_logprobs
@@ -91,7 +91,7 @@ def merged_rows(
                 "call_rewards": [c.reward for c in trajectory.calls],
                 "finish_reasons": [c.finish_reason for c in trajectory.calls],
                 "boundary_edits": [_full_edit(edit) for edit in trajectory.boundary_edits],
-                "drift": trajectory.drift,
+                "drift": export_drift(trajectory.drift),
                 "metadata": session.meta,
                 **_versions([c.weight_version for c in trajectory.calls]),
             }
