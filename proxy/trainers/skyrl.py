@@ -44,13 +44,20 @@ def _trajectory_id_class() -> Any:
     return SkyrlTrajectoryID
 
 
-def trajectory_id(row: dict[str, Any]) -> Any:
-    """The row's prompt (its group, else its session) and its repetition (sample index, else path)."""
-    instance = row.get("group_id") or row["session_id"]
-    repetition = row.get("sample_index")
-    if repetition is None:
-        repetition = row.get("path_index") or 0
-    return _trajectory_id_class()(instance_id=str(instance), repetition_id=int(repetition))
+def trajectory_ids(rows: Sequence[dict[str, Any]], stepwise: bool) -> list[Any]:
+    """Each row's TrajectoryID: `instance_id` is its prompt (the GRPO group, else the session),
+    `repetition_id` numbers the trajectories of that prompt in export order (sessions by their
+    sample index); a step-wise trajectory is a session, a merged one a row."""
+    make = _trajectory_id_class()
+    numbers: dict[str, dict[tuple[str, int], int]] = {}
+    ids = []
+    for index, row in enumerate(rows):
+        instance = str(row.get("group_id") or row["session_id"])
+        key = (row["session_id"], 0 if stepwise else index)
+        seen = numbers.setdefault(instance, {})
+        repetition = seen.setdefault(key, len(seen))
+        ids.append(make(instance_id=instance, repetition_id=repetition))
+    return ids
 
 
 def _is_stepwise(rows: Sequence[dict[str, Any]]) -> bool:
@@ -79,6 +86,6 @@ def generator_output(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "stop_reasons": stop_reasons,
         "rollout_metrics": None,
         "rollout_logprobs": [[float(p) for p in row["rollout_logprobs"]] for row in rows],
-        "trajectory_ids": [trajectory_id(row) for row in rows],
+        "trajectory_ids": trajectory_ids(rows, stepwise),
         "is_last_step": [bool(row["is_last_step"]) for row in rows] if stepwise else None,
     }
