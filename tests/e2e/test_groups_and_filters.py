@@ -4,6 +4,9 @@ filters, the per-session samples endpoint, and Parquet rows with the JSONL rows'
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -115,7 +118,7 @@ def test_whole_groups_are_delivered_once_all_their_sessions_finished(
     assert refused.status_code == 400
 
 
-def test_export_filters(proxy_url: str, engine: FakeSGLang) -> None:
+def test_export_filters(proxy_url: str, engine: FakeSGLang, tmp_path: Path) -> None:
     with TitoClient(proxy_url) as client:
         for sid, version in (("v9", "9"), ("v10", "10"), ("v2", "2"), ("open", "10")):
             engine.weight_version = version
@@ -144,6 +147,12 @@ def test_export_filters(proxy_url: str, engine: FakeSGLang) -> None:
         ]
         [row] = _export(proxy_url, session_ids="v10")
         assert (row["weight_version_min"], row["weight_version_max"]) == ("10", "10")
+    out = tmp_path / "rows.jsonl"
+    command = [sys.executable, "-m", "proxy", "export", "--url", proxy_url, "--out", str(out)]
+    command += ["--status", "all", "--min-weight-version", "10", "--group-ids", "Gv10,Gopen,Gv9"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert [orjson.loads(line)["session_id"] for line in out.read_bytes().splitlines()] == ["v10", "open"]
     for params in ({"limit": 0}, {"session_ids": "bad id"}, {"status": "gone"}, {"min_weight_version": ""}):
         assert httpx.get(f"{proxy_url}/export", params=params).status_code == 400, params
 
