@@ -67,10 +67,17 @@ def _is_stepwise(rows: Sequence[dict[str, Any]]) -> bool:
     return kinds == {True}
 
 
-def generator_output(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def generator_output(rows: Sequence[dict[str, Any]], *, order: Sequence[str] | None = None) -> dict[str, Any]:
     """A GeneratorOutput dict. Merged rows: one reward per sequence (the session's, 0.0 if unset).
     Step-wise rows: token-level rewards (the session's reward on the last step's last token), and
-    `is_last_step`; rows of one trajectory must be contiguous, as the export delivers them."""
+    `is_last_step`; rows of one trajectory must be contiguous, as the export delivers them.
+    `order`: session ids in the generator input's order (SkyRL wants its outputs in that order)."""
+    if order is not None:
+        place = {session_id: index for index, session_id in enumerate(order)}
+        missing = {row["session_id"] for row in rows} - place.keys()
+        if missing:
+            raise ValueError(f"rows of sessions not in order: {sorted(missing)}")
+        rows = sorted(rows, key=lambda row: place[row["session_id"]])  # stable: steps keep their order
     stepwise = _is_stepwise(rows)
     if stepwise:
         rewards: list[Any] = [[float(r) for r in row["token_rewards"]] for row in rows]

@@ -205,6 +205,9 @@ def test_skyrl_generator_output_merged_and_stepwise(group: str) -> None:
         ("prompt-7", 0),
         ("prompt-7", 1),
     }
+    reordered = generator_output(steps, order=["r1", "r0"])
+    assert reordered["response_ids"][0] == steps[-1]["response_ids"]  # r1's single step first
+    assert reordered["response_ids"][1:] == stepwise["response_ids"][:-1]
     # Step-wise rows merge back into exactly the merged rows.
     rebuilt = merge_steps(steps)
     for key in ("prompt_ids", "response_ids", "loss_mask", "rollout_logprobs", "call_ids"):
