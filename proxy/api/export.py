@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
@@ -15,7 +15,7 @@ from sqlalchemy import select
 from proxy.api.deps import StateDep, check_session_id
 from proxy.api.schemas import MAX_DB_INTEGER, RowId
 from proxy.app_state import AppState
-from proxy.errors import InvalidRequest, NotFound
+from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
 from proxy.export.branches import BranchFilter
 from proxy.export.formats import jsonl, metadata_type, parquet_stream, require_pyarrow
 from proxy.export.samples import merged_rows, stepwise_rows
@@ -116,9 +116,37 @@ def _id_list(values: list[str] | None, param: str) -> list[str] | None:
     return ids
 
 
+_EXPORT_PARAMS = frozenset(
+    {
+        "mode",
+        "format",
+        "status",
+        "after",
+        "consumer",
+        "branches",
+        "session_ids",
+        "group_ids",
+        "whole_groups",
+        "limit",
+        "min_weight_version",
+    }
+)
+
+
+def _refuse_unknown(request: Request) -> None:
+    """A misspelled filter (`min_version=...`) would export what the trainer asked to leave out."""
+    unknown = sorted(set(request.query_params) - _EXPORT_PARAMS)
+    if unknown:
+        raise UnsupportedParameter(
+            f"unknown export parameter {unknown[0]!r}; known: {', '.join(sorted(_EXPORT_PARAMS))}",
+            param=unknown[0],
+        )
+
+
 @router.get("/export")
 async def export(
     state: StateDep,
+    request: Request,
     *,
     mode: Mode = "merged",
     format: Literal["jsonl", "parquet"] = "jsonl",
@@ -136,6 +164,7 @@ async def export(
     not acked; abandoned branches (a retry the harness went on with superseded them) only with
     `branches=all`. Filters: `session_ids`, `group_ids`, `whole_groups` (a group once all its
     sessions finished), `limit` (sessions, or groups with whole_groups), `min_weight_version`."""
+    _refuse_unknown(request)
     require_pyarrow(format)
     if whole_groups and status != "finished":
         raise InvalidRequest(

@@ -155,6 +155,9 @@ def test_export_filters(proxy_url: str, engine: FakeSGLang, tmp_path: Path) -> N
     assert [orjson.loads(line)["session_id"] for line in out.read_bytes().splitlines()] == ["v10", "open"]
     for params in ({"limit": 0}, {"session_ids": "bad id"}, {"status": "gone"}, {"min_weight_version": ""}):
         assert httpx.get(f"{proxy_url}/export", params=params).status_code == 400, params
+    misspelled = httpx.get(f"{proxy_url}/export", params={"min_version": "10"})
+    assert misspelled.status_code == 400
+    assert misspelled.json()["error"]["code"] == "unsupported_parameter"
 
 
 def test_weight_version_bounds_compare_numbers_as_numbers(proxy_url: str, engine: FakeSGLang) -> None:
