@@ -54,7 +54,10 @@ def _filtered(query: Any, selection: Selection) -> Any:
     return query
 
 
-async def _finished(db: DbSession, selection: Selection, snapshot: Snapshot, after: int, size: int) -> Page:
+async def _finished(
+    db: DbSession, selection: Selection, snapshot: Snapshot, after: int, size: int
+) -> tuple[Page, int | None]:
+    """A page of finished sessions, and the cursor after it (None: nothing left)."""
     query = (
         select(FinishedRow.seq, SessionRow)
         .join(SessionRow, SessionRow.id == FinishedRow.session_id)
@@ -62,8 +65,10 @@ async def _finished(db: DbSession, selection: Selection, snapshot: Snapshot, aft
         .order_by(FinishedRow.seq)
         .limit(size)
     )
-    rows = (await db.execute(_filtered(query, selection))).all()
-    return [(int(seq), session) for seq, session in rows]
+    page: Page = [
+        (int(seq), session) for seq, session in (await db.execute(_filtered(query, selection))).all()
+    ]
+    return page, (page[-1][0] if page else None)
 
 
 async def _active(db: DbSession, selection: Selection, snapshot: Snapshot, after_id: str, size: int) -> Page:
@@ -82,24 +87,19 @@ async def _active(db: DbSession, selection: Selection, snapshot: Snapshot, after
 
 async def _whole_groups(
     db: DbSession, selection: Selection, snapshot: Snapshot, after: int, size: int
-) -> Page:
+) -> tuple[Page, int | None]:
     """Sessions of whole groups, group after group; each row's cursor is the group's (when it became
-    whole), so `after` resumes after the last group delivered."""
+    whole), so `after` resumes after the last group delivered. The page may be empty while the
+    cursor moves on (every member of its groups acked or filtered out)."""
     groups = await whole_groups_page(db, after=after, group_ids=selection.group_ids, limit=size)
     groups = [(group, seq) for group, seq in groups if seq <= snapshot.last_seq]
     if not groups:
-        return []
+        return [], None
     done_at = dict(groups)
     query = select(SessionRow).where(SessionRow.group_id.in_(list(done_at)))
     members = (await db.scalars(_filtered(query, selection))).all()
     members = sorted(members, key=lambda s: (done_at[s.group_id or ""], s.sample_index or 0, s.id))
-    page: Page = [(done_at[s.group_id or ""], s) for s in members]
-    if not page:  # every member acked or filtered out: go on after these groups
-        return [(groups[-1][1], _NOTHING)]
-    return page
-
-
-_NOTHING = SessionRow(id="")  # a marker: a page that only moves the cursor on
+    return [(done_at[s.group_id or ""], s) for s in members], groups[-1][1]
 
 
 async def selected_pages(
@@ -114,13 +114,12 @@ async def selected_pages(
         page_of = _whole_groups if selection.whole_groups else _finished
         while True:
             async with db_sessions() as db:
-                page = await page_of(db, selection, snapshot, cursor, page_size)
-            if not page:
+                page, next_cursor = await page_of(db, selection, snapshot, cursor, page_size)
+            if next_cursor is None:
                 break
-            cursor = max(seq or 0 for seq, _ in page)
-            real = [(seq, session) for seq, session in page if session is not _NOTHING]
-            if real:
-                yield real
+            cursor = next_cursor
+            if page:
+                yield page
     if selection.status in ("active", "all"):
         after_id = ""
         while True:

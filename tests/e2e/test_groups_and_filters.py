@@ -3,6 +3,7 @@ filters, the per-session samples endpoint, and Parquet rows with the JSONL rows'
 
 from __future__ import annotations
 
+import asyncio
 import io
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import orjson
 import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
-from proxy.client import TitoClient
+from proxy.client import AsyncTitoClient, TitoClient
 from tests.fakes.sglang import FakeSGLang
 from tests.support import token_id
 
@@ -245,3 +246,38 @@ def test_parquet_metadata_of_different_shapes(proxy_url: str, engine: FakeSGLang
     metadata = table.schema.field("metadata").type
     assert str(metadata.field("extra").type) == "struct<a: list<element: int64>>"
     assert str(metadata.field("n").type) == "string"  # 1, 2.5 and "three": JSON text
+
+
+def test_the_async_client_drives_sessions_of_a_group(proxy_url: str, engine: FakeSGLang) -> None:
+    async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+        async with AsyncTitoClient(proxy_url) as client:
+            ids = [await client.create_session(group_id="A", sample_index=k, group_size=2) for k in range(2)]
+            async with httpx.AsyncClient(base_url=proxy_url, timeout=60) as http:
+                answers = await asyncio.gather(
+                    *(http.post(f"/sessions/{sid}/v1/chat/completions", json=CHAT) for sid in ids)
+                )
+            assert [a.status_code for a in answers] == [200, 200]
+            steps = await client.samples(ids[0])
+            for k, sid in enumerate(ids):
+                await client.reward(sid, float(k))
+                await client.finish(sid)
+            rows = [r async for r in client.iter_samples(whole_groups=True, consumer="c", ack=True)]
+            assert [r async for r in client.iter_samples(consumer="c")] == []
+            return rows, steps, await client.session(ids[1])
+
+    rows, steps, info = asyncio.run(run())
+    assert [(r["sample_index"], r["reward"]) for r in rows] == [(0, 0.0), (1, 1.0)]
+    assert [s["is_last_step"] for s in steps] == [True]
+    assert (info["status"], info["group_id"]) == ("finished", "A")
+
+
+def test_group_headers_on_text_completions_and_active_rows_in_parquet(
+    proxy_url: str, engine: FakeSGLang
+) -> None:
+    headers = {"X-Tito-Group-Id": "T", "X-Tito-Sample-Index": "3"}
+    body = {"model": "m", "prompt": "once upon", "max_tokens": 4}
+    answer = httpx.post(f"{proxy_url}/sessions/text/v1/completions", json=body, headers=headers, timeout=60)
+    assert answer.status_code == 200, answer.text
+    [row] = _parquet_rows(proxy_url, status="active")
+    assert (row["session_id"], row["group_id"], row["sample_index"], row["cursor"]) == ("text", "T", 3, None)
+    assert row["drift"]["skipped"]  # text completions have no messages to render
