@@ -137,16 +137,16 @@ class TitoClient:
         session is acked once all its rows were yielded. `branches="all"` adds abandoned branches
         (superseded by a retry), flagged in `branch`."""
         query = ExportQuery(
-            mode,
-            consumer,
-            after,
-            branches,
-            status,
-            session_ids,
-            group_ids,
-            whole_groups,
-            limit,
-            min_weight_version,
+            mode=mode,
+            consumer=consumer,
+            after=after,
+            branches=branches,
+            status=status,
+            session_ids=session_ids,
+            group_ids=group_ids,
+            whole_groups=whole_groups,
+            limit=limit,
+            min_weight_version=min_weight_version,
         )
         tracker = protocol.AckTracker(consumer, ack)
         for row in self._stream_export(query):
@@ -274,16 +274,16 @@ class AsyncTitoClient:
     ) -> AsyncIterator[dict[str, Any]]:
         """TitoClient.iter_samples, as an async iterator."""
         query = ExportQuery(
-            mode,
-            consumer,
-            after,
-            branches,
-            status,
-            session_ids,
-            group_ids,
-            whole_groups,
-            limit,
-            min_weight_version,
+            mode=mode,
+            consumer=consumer,
+            after=after,
+            branches=branches,
+            status=status,
+            session_ids=session_ids,
+            group_ids=group_ids,
+            whole_groups=whole_groups,
+            limit=limit,
+            min_weight_version=min_weight_version,
         )
         tracker = protocol.AckTracker(consumer, ack)
         async for row in self._stream_export(query):
