@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from proxy.api import admin, completions, export, health, openai, sessions
 from proxy.api.auth import require_admin_key, require_harness_key
+from proxy.api.groups import group_from_headers
 from proxy.app_state import AppState
 from proxy.chat.parsing import build_parser
 from proxy.chat.renderer import Renderer
@@ -101,7 +102,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             await db_engine.dispose()
 
     app = FastAPI(title="tito-proxy", version="0.1.0", lifespan=lifespan)
-    harness = [Depends(require_harness_key)]
+    harness = [Depends(require_harness_key), Depends(group_from_headers)]
     for surface in (openai.router, completions.router):
         app.include_router(surface, dependencies=harness)
         app.include_router(surface, prefix="/sessions/{session_id}", dependencies=harness)

@@ -10,11 +10,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 
 from proxy.api.answering import answer
 from proxy.api.deps import SessionIdDep, StateDep
-from proxy.api.groups import group_from_headers
 from proxy.api.json_route import OrjsonRoute
 from proxy.api.logprobs import answered_logprobs, completion_logprobs
 from proxy.api.openai import sampling_params
@@ -71,7 +70,7 @@ def _body(
     return answer
 
 
-@router.post("/completions", response_model=None, dependencies=[Depends(group_from_headers)])
+@router.post("/completions", response_model=None)
 async def completions(
     body: CompletionRequest, state: StateDep, session: SessionIdDep, http_request: Request
 ) -> Response:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import Header
+from fastapi import Header, Request
 
 from proxy.api.deps import SessionIdDep, StateDep, check_session_id
 from proxy.errors import Conflict, InvalidRequest
@@ -43,15 +43,25 @@ def _header_int(value: str | None, name: str, minimum: int) -> int | None:
     return int(value)
 
 
+# The routes whose request runs a turn (every dialect's); the headers are ignored elsewhere, so a
+# harness that sends them on every request (an SDK's default headers) creates no session by
+# listing models or counting tokens.
+_TURN_PATHS = ("/chat/completions", "/completions", "/responses", "/messages")
+
+
 async def group_from_headers(
+    request: Request,
     state: StateDep,
     session: SessionIdDep,
+    *,
     x_tito_group_id: Annotated[str | None, Header()] = None,
     x_tito_sample_index: Annotated[str | None, Header()] = None,
     x_tito_group_size: Annotated[str | None, Header()] = None,
 ) -> None:
     """Places the session in the headers' group before its turn: creates it when it is new, sets
     the group of a session without calls, and refuses (409) a session already elsewhere."""
+    if request.method != "POST" or not request.url.path.endswith(_TURN_PATHS):
+        return
     claim = group_claim(
         x_tito_group_id,
         _header_int(x_tito_sample_index, SAMPLE_HEADER, 0),

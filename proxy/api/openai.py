@@ -7,11 +7,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 
 from proxy.api.answering import answer
 from proxy.api.deps import SessionIdDep, StateDep
-from proxy.api.groups import group_from_headers
 from proxy.api.json_route import OrjsonRoute
 from proxy.api.logprobs import answered_logprobs, chat_logprobs
 from proxy.api.retries import RetryIdentity
@@ -130,7 +129,7 @@ def _completion_body(
     }
 
 
-@router.post("/chat/completions", response_model=None, dependencies=[Depends(group_from_headers)])
+@router.post("/chat/completions", response_model=None)
 async def chat_completions(
     body: ChatCompletionRequest,
     state: StateDep,

@@ -70,6 +70,10 @@ def test_a_group_is_set_at_creation_or_by_the_first_turns_headers(proxy_url: str
         assert bad.status_code == 400, (body, bad.text)
     assert _chat(proxy_url, "g-8", {"X-Tito-Group-Id": "p3", "X-Tito-Sample-Index": "x"}).status_code == 400
     assert _chat(proxy_url, "g-8", {"X-Tito-Sample-Index": "0"}).status_code == 400
+    # Headers on a request that runs no turn (an SDK's default headers) create nothing.
+    listed = httpx.get(f"{proxy_url}/sessions/quiet/v1/models", headers={"X-Tito-Group-Id": "p9"})
+    assert listed.status_code == 200
+    assert httpx.get(f"{proxy_url}/sessions/quiet").status_code == 404
     # A session created empty takes the group of its first turn's headers.
     httpx.post(f"{proxy_url}/sessions", json={"id": "empty"})
     assert _chat(proxy_url, "empty", {"X-Tito-Group-Id": "p4", "X-Tito-Group-Size": "1"}).status_code == 200
