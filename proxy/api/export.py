@@ -103,6 +103,16 @@ async def export_pages(
             return
 
 
+async def _chained(
+    first: list[dict[str, Any]] | None, rest: AsyncIterator[list[dict[str, Any]]]
+) -> AsyncIterator[list[dict[str, Any]]]:
+    if first is None:
+        return
+    yield first
+    async for page in rest:
+        yield page
+
+
 def _id_list(values: list[str] | None, param: str) -> list[str] | None:
     """Ids given as repeated parameters, comma-separated lists, or both."""
     if values is None:
@@ -180,9 +190,10 @@ async def export(
     )
     async with state.db_sessions() as db:
         snapshot = await take_snapshot(db, utcnow())
-    pages = export_pages(
-        state, selection, snapshot, RowFilter(mode, branches, min_weight_version, limit, whole_groups)
-    )
+    row_filter = RowFilter(mode, branches, min_weight_version, limit, whole_groups)
+    # The first page is read before the status line goes out, so that a failing database is a 503.
+    rest = export_pages(state, selection, snapshot, row_filter)
+    pages = _chained(await anext(rest, None), rest)
     if format == "parquet":
 
         async def metas() -> AsyncIterator[list[dict[str, Any]]]:
@@ -190,8 +201,9 @@ async def export(
             async for page in selected_pages(state.db_sessions, selection, snapshot, 256):
                 yield [session.meta for _, session in page]
 
+        metadata = await metadata_type(metas())
         return StreamingResponse(
-            parquet_stream(mode, pages, metadata_type(metas())), media_type="application/vnd.apache.parquet"
+            parquet_stream(mode, pages, metadata), media_type="application/vnd.apache.parquet"
         )
 
     async def lines() -> AsyncIterator[bytes]:

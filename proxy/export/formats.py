@@ -4,7 +4,7 @@ with the same structure (nested values as Arrow structs and lists)."""
 from __future__ import annotations
 
 import io
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -221,14 +221,13 @@ def require_pyarrow(fmt: str) -> None:
 
 
 async def parquet_stream(
-    mode: str, pages: AsyncIterator[list[dict[str, Any]]], metadata: Awaitable[MetadataType]
+    mode: str, pages: AsyncIterator[list[dict[str, Any]]], meta: MetadataType
 ) -> AsyncIterator[bytes]:
     """Parquet with real nested columns (structs and lists, never JSON text but for a metadata key
     of mixed types), one row group per page; the metadata type is settled before the first row."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    meta = await metadata
     schema = _parquet_schema(mode, meta.arrow_type())
     sink = _Drain()
     writer = pq.ParquetWriter(sink, schema)
