@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from proxy.api import admin, export, health, models, sessions, weight_sync
 from proxy.api.auth import require_admin_key, require_harness_key
+from proxy.api.groups import group_from_headers
 from proxy.app_state import AppState
 from proxy.chat.call_format import choose_parser
 from proxy.chat.renderer import Renderer
@@ -193,7 +194,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         redoc_url=None,
         openapi_url=None,
     )
-    harness = [Depends(require_harness_key)]
+    harness = [Depends(require_harness_key), Depends(group_from_headers)]
     for surface in (models.router, chat.router, completions.router, responses.router, anthropic.router):
         app.include_router(surface, dependencies=harness)
         app.include_router(surface, prefix="/sessions/{session_id}", dependencies=harness)

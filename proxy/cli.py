@@ -196,14 +196,20 @@ def _export(args: argparse.Namespace) -> int:
     """Stream GET /export into a file with a progress bar; with --ack, ack what was written."""
     import httpx
 
-    params: dict[str, Any] = {
-        "mode": args.mode,
-        "format": args.format,
-        "after": args.after,
-        "branches": args.branches,
-    }
-    if args.consumer:
-        params["consumer"] = args.consumer
+    from proxy.client_protocol import ExportQuery
+
+    params = ExportQuery(
+        mode=args.mode,
+        consumer=args.consumer or None,
+        after=args.after,
+        branches=args.branches,
+        status=args.status,
+        session_ids=args.session_ids.split(",") if args.session_ids else None,
+        group_ids=args.group_ids.split(",") if args.group_ids else None,
+        whole_groups=args.whole_groups,
+        limit=args.limit,
+        min_weight_version=args.min_weight_version,
+    ).params(args.format)
     written = 0
     headers = {"Authorization": f"Bearer {args.admin_key}"} if args.admin_key else {}
     with httpx.stream(
@@ -288,6 +294,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=["final", "all"],
         default="final",
         help="all: also branches a retry superseded (abandoned), flagged in the branch column",
+    )
+    export.add_argument("--status", choices=["finished", "active", "all"], default="finished")
+    export.add_argument("--session-ids", help="only these sessions (comma-separated)")
+    export.add_argument("--group-ids", help="only these groups (comma-separated)")
+    export.add_argument(
+        "--whole-groups", action="store_true", help="only groups whose sessions all finished, group by group"
+    )
+    export.add_argument("--limit", type=int, help="at most this many sessions (groups with --whole-groups)")
+    export.add_argument(
+        "--min-weight-version", help="leave out sessions with a call sampled by older weights"
     )
     export.add_argument("--consumer", help="deliver only sessions this consumer has not acked")
     export.add_argument("--ack", action="store_true", help="ack the written sessions (needs --consumer)")

@@ -17,9 +17,19 @@ def version_key(version: str) -> tuple[object, ...]:
     return (1, parts, version)
 
 
+def sorted_versions(versions: Iterable[str | None]) -> list[str]:
+    """The known versions, oldest first."""
+    return sorted((v for v in versions if v is not None), key=version_key)
+
+
+def at_least(version: str | None, minimum: str) -> bool:
+    """Whether `version` is `minimum` or newer; an unknown version is not known to be fresh."""
+    return version is not None and version_key(version) >= version_key(minimum)
+
+
 def version_range(versions: Iterable[str | None]) -> tuple[str | None, str | None]:
     """The lowest and highest of the known versions (None when no call has one)."""
-    known = sorted((v for v in versions if v is not None), key=version_key)
+    known = sorted_versions(versions)
     return (known[0], known[-1]) if known else (None, None)
 
 

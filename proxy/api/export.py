@@ -1,25 +1,33 @@
-"""Bulk export of finished sessions, streamed in constant memory, delivered once per consumer."""
+"""Bulk export of sessions, streamed in constant memory, filtered, delivered once per consumer;
+one session's rows on their own."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
 
-from proxy.api.deps import StateDep
+from proxy.api.deps import StateDep, check_session_id
 from proxy.api.schemas import MAX_DB_INTEGER, RowId
 from proxy.app_state import AppState
-from proxy.errors import InvalidRequest
+from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
 from proxy.export.branches import BranchFilter
-from proxy.export.formats import jsonl, parquet_stream, require_pyarrow
+from proxy.export.formats import jsonl, metadata_type, parquet_stream, require_pyarrow
 from proxy.export.samples import merged_rows, stepwise_rows
-from proxy.store.repository import Repository
+from proxy.store.models import CallRow, FinishedRow, SessionRow
+from proxy.store.repository import Repository, utcnow
+from proxy.store.selection import ExportStatus, Selection, Snapshot, selected_pages, take_snapshot
+from proxy.weight_versions import at_least
 
 router = APIRouter(tags=["export"])
 PAGE_SESSIONS = 16
+Mode = Literal["merged", "stepwise"]
+IdList = Annotated[list[str] | None, Query()]
 
 
 class AckBody(BaseModel):
@@ -29,28 +37,70 @@ class AckBody(BaseModel):
     cursor: RowId | None = None
 
 
+@dataclass(frozen=True)
+class RowFilter:
+    """What is decided on a session's rows rather than in SQL."""
+
+    mode: Mode
+    branches: BranchFilter = "final"
+    min_weight_version: str | None = None
+    limit: int | None = None
+    whole_groups: bool = False
+
+
+def session_rows(
+    state: AppState, session: SessionRow, calls: Sequence[CallRow], mode: Mode, branches: BranchFilter
+) -> list[dict[str, Any]]:
+    if mode == "merged":
+        return merged_rows(session, calls, state.renderer, state.settings.drift_report, branches)
+    return stepwise_rows(session, calls, branches)
+
+
+def _fresh(rows: list[dict[str, Any]], minimum: str | None) -> bool:
+    """Every exported call of these rows was sampled with weights at `minimum` or newer."""
+    if minimum is None:
+        return True
+    versions = [v for row in rows for v in row.get("weight_versions", [row.get("weight_version")])]
+    return all(at_least(v, minimum) for v in versions)
+
+
+def _units(
+    built: list[tuple[int | None, SessionRow, list[dict[str, Any]]]], whole_groups: bool
+) -> list[list[tuple[int | None, SessionRow, list[dict[str, Any]]]]]:
+    """The page cut into what is delivered or dropped as one: a whole group, else a session."""
+    if not whole_groups:
+        return [[item] for item in built]
+    units: dict[str | None, list[tuple[int | None, SessionRow, list[dict[str, Any]]]]] = {}
+    for item in built:
+        units.setdefault(item[1].group_id, []).append(item)
+    return list(units.values())
+
+
 async def export_pages(
-    state: AppState, mode: str, after: int, consumer: str | None, branches: BranchFilter = "final"
+    state: AppState, selection: Selection, snapshot: Snapshot, rows: RowFilter
 ) -> AsyncIterator[list[dict[str, Any]]]:
-    """Rows page by page; each page holds PAGE_SESSIONS sessions, so memory stays bounded."""
-    cursor = after
-    while True:
+    """Rows page by page; each page holds PAGE_SESSIONS sessions (or groups), so memory stays bounded."""
+    delivered = 0
+    async for page in selected_pages(state.db_sessions, selection, snapshot, PAGE_SESSIONS):
         async with state.db_sessions() as db:
             repo = Repository(db)
-            page = await repo.finished_page(after=cursor, consumer=consumer, limit=PAGE_SESSIONS)
-            batch = [(seq, session, await repo.session_calls(session.id)) for seq, session in page]
-        if not batch:
+            loaded = [(seq, session, await repo.session_calls(session.id)) for seq, session in page]
+        built = [
+            (seq, session, session_rows(state, session, calls, rows.mode, rows.branches))
+            for seq, session, calls in loaded
+        ]
+        out: list[dict[str, Any]] = []
+        for unit in _units(built, rows.whole_groups):
+            if rows.limit is not None and delivered >= rows.limit:
+                break
+            if not all(_fresh(made, rows.min_weight_version) for _, _, made in unit):
+                continue
+            delivered += 1
+            out.extend({"cursor": seq, **row} for seq, _, made in unit for row in made)
+        if out:
+            yield out
+        if rows.limit is not None and delivered >= rows.limit:
             return
-        rows: list[dict[str, Any]] = []
-        for seq, session, calls in batch:
-            built = (
-                merged_rows(session, calls, state.renderer, state.settings.drift_report, branches)
-                if mode == "merged"
-                else stepwise_rows(session, calls, branches)
-            )
-            rows.extend({"cursor": seq, **row} for row in built)
-            cursor = seq
-        yield rows
 
 
 async def _chained(
@@ -63,31 +113,121 @@ async def _chained(
         yield page
 
 
+def _id_list(values: list[str] | None, param: str) -> list[str] | None:
+    """Ids given as repeated parameters, comma-separated lists, or both."""
+    if values is None:
+        return None
+    ids = [part for value in values for part in value.split(",") if part]
+    for one in ids:
+        try:
+            check_session_id(one)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"{param}: {exc}", param=param) from exc
+    return ids
+
+
+_EXPORT_PARAMS = frozenset(
+    {
+        "mode",
+        "format",
+        "status",
+        "after",
+        "consumer",
+        "branches",
+        "session_ids",
+        "group_ids",
+        "whole_groups",
+        "limit",
+        "min_weight_version",
+    }
+)
+
+
+def _refuse_unknown(request: Request) -> None:
+    """A misspelled filter (`min_version=...`) would export what the trainer asked to leave out."""
+    unknown = sorted(set(request.query_params) - _EXPORT_PARAMS)
+    if unknown:
+        raise UnsupportedParameter(
+            f"unknown export parameter {unknown[0]!r}; known: {', '.join(sorted(_EXPORT_PARAMS))}",
+            param=unknown[0],
+        )
+
+
 @router.get("/export")
 async def export(
     state: StateDep,
+    request: Request,
     *,
-    mode: Literal["merged", "stepwise"] = "merged",
+    mode: Mode = "merged",
     format: Literal["jsonl", "parquet"] = "jsonl",
-    status: Literal["finished"] = "finished",
+    status: ExportStatus = "finished",
     after: int = Query(default=0, ge=0, le=MAX_DB_INTEGER),
     consumer: str | None = Query(default=None, min_length=1, max_length=128),
     branches: BranchFilter = "final",
+    session_ids: IdList = None,
+    group_ids: IdList = None,
+    whole_groups: bool = False,
+    limit: int | None = Query(default=None, ge=1, le=MAX_DB_INTEGER),
+    min_weight_version: str | None = Query(default=None, min_length=1, max_length=128),
 ) -> StreamingResponse:
-    """Finished sessions after cursor `after`; with `consumer`, only those it has not acked;
-    abandoned branches (a retry the harness went on with superseded them) only with `branches=all`."""
+    """Sessions after cursor `after` (finished ones by default); with `consumer`, only those it has
+    not acked; abandoned branches (a retry the harness went on with superseded them) only with
+    `branches=all`. Filters: `session_ids`, `group_ids`, `whole_groups` (a group once all its
+    sessions finished), `limit` (sessions, or groups with whole_groups), `min_weight_version`."""
+    _refuse_unknown(request)
     require_pyarrow(format)
+    if whole_groups and status != "finished":
+        raise InvalidRequest(
+            "whole_groups delivers finished groups only: use status=finished", param="status"
+        )
+    selection = Selection(
+        status,
+        after,
+        consumer,
+        _id_list(session_ids, "session_ids"),
+        _id_list(group_ids, "group_ids"),
+        whole_groups,
+    )
+    async with state.db_sessions() as db:
+        snapshot = await take_snapshot(db, utcnow())
+    row_filter = RowFilter(mode, branches, min_weight_version, limit, whole_groups)
     # The first page is read before the status line goes out, so that a failing database is a 503.
-    rest = export_pages(state, mode, after, consumer, branches)
+    rest = export_pages(state, selection, snapshot, row_filter)
     pages = _chained(await anext(rest, None), rest)
     if format == "parquet":
-        return StreamingResponse(parquet_stream(mode, pages), media_type="application/vnd.apache.parquet")
+
+        async def metas() -> AsyncIterator[list[dict[str, Any]]]:
+            # A first pass over the same sessions (no calls read) settles the metadata column's type.
+            async for page in selected_pages(state.db_sessions, selection, snapshot, 256):
+                yield [session.meta for _, session in page]
+
+        metadata = await metadata_type(metas())
+        return StreamingResponse(
+            parquet_stream(mode, pages, metadata), media_type="application/vnd.apache.parquet"
+        )
 
     async def lines() -> AsyncIterator[bytes]:
         async for rows in pages:
             yield jsonl(rows)
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+@router.get("/sessions/{session_id}/samples")
+async def session_samples(
+    session_id: str, state: StateDep, mode: Mode = "stepwise", branches: BranchFilter = "final"
+) -> dict[str, Any]:
+    """One session's export rows (step-wise by default), finished or not (`cursor` null until then)."""
+    check_session_id(session_id)
+    async with state.db_sessions() as db:
+        repo = Repository(db)
+        session = await repo.get_session(session_id)
+        if session is None:
+            raise NotFound(f"no session {session_id!r}", param="session_id")
+        calls = await repo.session_calls(session_id)
+        seq = await db.scalar(select(FinishedRow.seq).where(FinishedRow.session_id == session_id))
+    rows = [{"cursor": seq, **row} for row in session_rows(state, session, calls, mode, branches)]
+    return {"session_id": session_id, "mode": mode, "samples": rows}
 
 
 @router.post("/export/ack")

@@ -10,10 +10,13 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
 from proxy.api.deps import StateDep, check_session_id, new_session_id
+from proxy.api.groups import group_claim
 from proxy.api.schemas import RowId
 from proxy.errors import Conflict, InvalidRequest, NotFound
 from proxy.export.branches import BranchFilter
+from proxy.export.samples import group_fields
 from proxy.export.trajectory import build_trajectories
+from proxy.store.groups import check_group
 from proxy.store.models import SessionRow
 from proxy.store.repository import Repository
 
@@ -24,6 +27,10 @@ class NewSession(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # GRPO: the group this session is one sample of (see proxy/api/groups.py).
+    group_id: str | None = None
+    sample_index: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    group_size: int | None = Field(default=None, ge=1, le=2**31 - 1)
 
 
 class RewardBody(BaseModel):
@@ -47,6 +54,7 @@ def session_json(session: SessionRow) -> dict[str, Any]:
         "finished_at": _utc_iso(session.finished_at) if session.finished_at else None,
         "metadata": session.meta,
         "reward": session.reward,
+        **group_fields(session),
     }
 
 
@@ -61,10 +69,15 @@ async def _session(repo: Repository, session_id: str) -> SessionRow:
 @router.post("", status_code=201)
 async def create_session(body: NewSession, state: StateDep) -> dict[str, Any]:
     session_id = check_session_id(body.id) if body.id is not None else new_session_id()
+    claim = group_claim(body.group_id, body.sample_index, body.group_size)
     async with state.db_sessions() as db, db.begin():
-        created = await Repository(db).create_session(session_id, body.metadata, datetime.now())
+        if claim is not None:
+            await check_group(db, claim, session_id)
+        created = await Repository(db).create_session(session_id, body.metadata, datetime.now(), claim)
         if created is None:
-            raise Conflict(f"session {session_id!r} exists", param="id")
+            raise Conflict(
+                f"session {session_id!r} exists (or its group's sample index is taken)", param="id"
+            )
         return session_json(created)
 
 

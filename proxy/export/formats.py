@@ -1,4 +1,5 @@
-"""Export rows as bytes, streamed page by page: JSON lines, or Parquet written one row group per page."""
+"""Export rows as bytes, streamed page by page: JSON lines, or Parquet written one row group per page
+with the same structure (nested values as Arrow structs and lists)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,77 @@ import orjson
 from proxy.errors import UnsupportedParameter
 
 EXPORT_FORMATS = ("jsonl", "parquet")
-# Nested values of varying shape are JSON text in Parquet, so every page has one schema.
-_JSON_COLUMNS = ("drift", "metadata", "boundary_edits", "weight_version_spans")
+# The fields of a boundary edit (turns.py); every edit carries them all, null where they do not apply.
+BOUNDARY_EDIT_FIELDS = ("kind", "position", "call_id", "token", "sampled", "rendered")
+
+
+def _version_span_type() -> Any:
+    import pyarrow as pa
+
+    return pa.struct([("version", pa.string()), ("start", pa.int64()), ("end", pa.int64())])
+
+
+def drift_kinds() -> list[str]:
+    from proxy.export.drift import ALLOWED_KINDS
+
+    return sorted({*ALLOWED_KINDS, "unclassified"})
+
+
+def export_drift(drift: dict[str, Any]) -> dict[str, Any] | None:
+    """A segment's drift report as exported: null when there is none (drift disabled), else with a
+    count for every kind (0 when absent), so its structure never depends on the data."""
+    if not drift:
+        return None
+    counts = drift.get("counts", {})
+    return {
+        "differences": [],
+        "unclassified": 0,
+        "skipped": None,
+        **drift,
+        "counts": {kind: counts.get(kind, 0) for kind in drift_kinds()},
+    }
 
 
 def jsonl(rows: list[dict[str, Any]]) -> bytes:
     return b"".join(orjson.dumps(row) + b"\n" for row in rows)
 
 
-def _parquet_schema(mode: str) -> Any:
+def _boundary_edit_type() -> Any:
+    import pyarrow as pa
+
+    return pa.struct(
+        [("kind", pa.string())] + [(name, pa.int64()) for name in BOUNDARY_EDIT_FIELDS if name != "kind"]
+    )
+
+
+def _drift_type() -> Any:
+    import pyarrow as pa
+
+    difference = pa.struct(
+        [
+            ("kind", pa.string()),
+            ("allowed", pa.bool_()),
+            ("position", pa.int64()),
+            ("response_position", pa.int64()),
+            ("stream_text", pa.string()),
+            ("render_text", pa.string()),
+            ("whitespace_only", pa.bool_()),
+        ]
+    )
+    # One count per drift kind, so the column's type never depends on the data.
+    counts = pa.struct([(kind, pa.int64()) for kind in drift_kinds()])
+    return pa.struct(
+        [
+            ("mode", pa.string()),
+            ("differences", pa.list_(difference)),
+            ("counts", counts),
+            ("unclassified", pa.int64()),
+            ("skipped", pa.string()),  # why no report was made (text completions have no messages)
+        ]
+    )
+
+
+def _parquet_schema(mode: str, metadata: Any) -> Any:
     import pyarrow as pa
 
     ids = pa.list_(pa.int32())
@@ -27,11 +90,14 @@ def _parquet_schema(mode: str) -> Any:
     common = [
         ("cursor", pa.int64()),
         ("session_id", pa.string()),
+        ("group_id", pa.string()),
+        ("sample_index", pa.int32()),
+        ("group_size", pa.int32()),
         ("prompt_ids", ids),
         ("response_ids", ids),
         ("loss_mask", pa.list_(pa.int8())),
         ("rollout_logprobs", floats),
-        ("metadata", pa.string()),
+        ("metadata", metadata),
     ]
     if mode == "stepwise":
         return pa.schema(
@@ -48,13 +114,13 @@ def _parquet_schema(mode: str) -> Any:
                 ("token_rewards", floats),
                 ("finish_reason", pa.string()),
                 ("weight_version", pa.string()),
-                ("weight_version_spans", pa.string()),
+                ("weight_version_spans", pa.list_(_version_span_type())),
             ]
         )
     return pa.schema(
         [
             *common,
-            ("sample_index", pa.int32()),
+            ("path_index", pa.int32()),
             ("segment_id", pa.int64()),
             ("branch", pa.string()),
             ("call_ids", pa.list_(pa.int64())),
@@ -62,13 +128,68 @@ def _parquet_schema(mode: str) -> Any:
             ("reward", pa.float64()),
             ("call_rewards", pa.list_(pa.float64())),
             ("finish_reasons", pa.list_(pa.string())),
-            ("boundary_edits", pa.string()),
-            ("drift", pa.string()),
+            ("boundary_edits", pa.list_(_boundary_edit_type())),
+            ("drift", _drift_type()),
             ("weight_versions", pa.list_(pa.string())),
             ("weight_version_min", pa.string()),
             ("weight_version_max", pa.string()),
         ]
     )
+
+
+class MetadataType:
+    """The Parquet type of the `metadata` column: a struct of every key the exported sessions use,
+    each typed by its values (ints widened to floats, structs merged); a key whose values cannot
+    share one type holds JSON text."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, Any] = {}
+        self.json_keys: set[str] = set()
+
+    def add(self, metas: list[dict[str, Any]]) -> None:
+        import pyarrow as pa
+
+        keys = {key for meta in metas for key in meta} - self.json_keys
+        for key in keys:
+            try:
+                found = pa.array([meta.get(key) for meta in metas]).type
+                known = self.fields.get(key, found)
+                merged = pa.unify_schemas(
+                    [pa.schema([("v", known)]), pa.schema([("v", found)])], promote_options="permissive"
+                )
+                self.fields[key] = merged.field("v").type
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                self.json_keys.add(key)
+                self.fields.pop(key, None)
+
+    def arrow_type(self) -> Any:
+        import pyarrow as pa
+
+        columns = [
+            (key, pa.string() if key in self.json_keys else self.fields[key])
+            for key in sorted(self.fields.keys() | self.json_keys)
+        ]
+        # Parquet cannot store a struct without fields: no metadata anywhere is a null column.
+        return pa.struct(columns) if columns else pa.null()
+
+    def value(self, meta: dict[str, Any]) -> dict[str, Any] | None:
+        if not self.fields and not self.json_keys:
+            return None
+        return {
+            key: orjson.dumps(value).decode() if key in self.json_keys and value is not None else value
+            for key, value in meta.items()
+        }
+
+
+async def metadata_type(metas: AsyncIterator[list[dict[str, Any]]]) -> MetadataType:
+    found = MetadataType()
+    async for page in metas:
+        found.add(page)
+    return found
+
+
+def _parquet_row(row: dict[str, Any], metadata: MetadataType) -> dict[str, Any]:
+    return {**row, "metadata": metadata.value(row.get("metadata") or {})}
 
 
 class _Drain(io.RawIOBase):
@@ -106,21 +227,22 @@ def require_pyarrow(fmt: str) -> None:
         ) from exc
 
 
-async def parquet_stream(mode: str, pages: AsyncIterator[list[dict[str, Any]]]) -> AsyncIterator[bytes]:
+async def parquet_stream(
+    mode: str, pages: AsyncIterator[list[dict[str, Any]]], meta: MetadataType
+) -> AsyncIterator[bytes]:
+    """Parquet with real nested columns (structs and lists, never JSON text but for a metadata key
+    of mixed types), one row group per page; the metadata type is settled before the first row."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = _parquet_schema(mode)
+    schema = _parquet_schema(mode, meta.arrow_type())
     sink = _Drain()
     writer = pq.ParquetWriter(sink, schema)
     async for rows in pages:
         if not rows:
             continue
-        for row in rows:
-            for column in _JSON_COLUMNS:
-                if column in row:
-                    row[column] = orjson.dumps(row[column]).decode()
-        writer.write_table(pa.Table.from_pylist(rows, schema=schema))
+        table = pa.Table.from_pylist([_parquet_row(row, meta) for row in rows], schema=schema)
+        writer.write_table(table)
         yield sink.take()
     writer.close()
     yield sink.take()

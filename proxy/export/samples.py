@@ -19,6 +19,7 @@ from typing import Any
 from proxy.chat.renderer import Renderer
 from proxy.export.branches import BranchFilter, branch_labels, kept
 from proxy.export.drift import DriftMode
+from proxy.export.formats import BOUNDARY_EDIT_FIELDS, export_drift
 from proxy.export.trajectory import build_trajectories
 from proxy.store.codec import unpack_ids, unpack_logprobs
 from proxy.store.models import CallRow, SessionRow
@@ -33,6 +34,20 @@ def _versions(versions: Sequence[str | None]) -> dict[str, Any]:
         "weight_versions": list(versions),
         "weight_version_min": lowest,
         "weight_version_max": highest,
+    }
+
+
+def _full_edit(edit: dict[str, Any]) -> dict[str, Any]:
+    """Every edit with every field (null where it does not apply): one shape in JSONL and Parquet."""
+    return {**{name: edit.get(name) for name in BOUNDARY_EDIT_FIELDS}, **edit}
+
+
+def group_fields(session: SessionRow) -> dict[str, Any]:
+    """The session's GRPO group, first-class in every row (None when it has none)."""
+    return {
+        "group_id": session.group_id,
+        "sample_index": session.sample_index,
+        "group_size": session.group_size,
     }
 
 
@@ -62,7 +77,8 @@ def merged_rows(
         rows.append(
             {
                 "session_id": session.id,
-                "sample_index": leaves[trajectory.calls[-1].id],
+                **group_fields(session),
+                "path_index": leaves[trajectory.calls[-1].id],
                 "segment_id": trajectory.segment_id,
                 "branch": trajectory.branch,
                 "call_ids": [c.id for c in trajectory.calls],
@@ -74,8 +90,8 @@ def merged_rows(
                 "reward": session.reward,
                 "call_rewards": [c.reward for c in trajectory.calls],
                 "finish_reasons": [c.finish_reason for c in trajectory.calls],
-                "boundary_edits": trajectory.boundary_edits,
-                "drift": trajectory.drift,
+                "boundary_edits": [_full_edit(edit) for edit in trajectory.boundary_edits],
+                "drift": export_drift(trajectory.drift),
                 "metadata": session.meta,
                 **_versions([c.weight_version for c in trajectory.calls]),
             }
@@ -107,6 +123,7 @@ def stepwise_rows(
         rows.append(
             {
                 "session_id": session.id,
+                **group_fields(session),
                 "trajectory_id": session.id,
                 "step": index,
                 "call_id": call.id,
@@ -144,7 +161,7 @@ _LISTED = (
     ("weight_version", "weight_versions"),
 )
 # Values a run takes from its first step, and from its last.
-_FIRST = ("cursor", "session_id", "trajectory_id", "metadata")
+_FIRST = ("cursor", "session_id", "group_id", "sample_index", "group_size", "trajectory_id", "metadata")
 _LAST = ("segment_id", "branch", "is_last_step", "finish_reason", "reward")
 
 

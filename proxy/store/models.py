@@ -15,7 +15,11 @@ class Base(DeclarativeBase):
 
 class SessionRow(Base):
     __tablename__ = "sessions"
-    __table_args__ = (Index("ix_sessions_status_updated", "status", "updated_at"),)
+    __table_args__ = (
+        Index("ix_sessions_status_updated", "status", "updated_at"),
+        # One session per sample index of a group (NULLs never collide).
+        Index("ux_sessions_group_sample", "group_id", "sample_index", unique=True),
+    )
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     status: Mapped[str] = mapped_column(String(16), default="active")
@@ -26,6 +30,11 @@ class SessionRow(Base):
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict, server_default="{}")
     reward: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # GRPO groups: the sessions sampled for one prompt share group_id; group_size says how many
+    # there will be, so export can wait for the whole group.
+    group_id: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
+    sample_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    group_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class FinishedRow(Base):

@@ -11,6 +11,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
 
+from proxy.store.groups import GroupClaim, apply_claim
 from proxy.store.models import CallRow, ExportAckRow, FinishedRow, SegmentRow, SessionRow, SettingRow
 
 
@@ -55,9 +56,9 @@ class Repository:
     # Session lifecycle ------------------------------------------------------------------------
 
     async def create_session(
-        self, session_id: str, meta: dict[str, Any], template_now: datetime
+        self, session_id: str, meta: dict[str, Any], template_now: datetime, group: GroupClaim | None = None
     ) -> SessionRow | None:
-        """A new session, or None when the id is taken."""
+        """A new session, or None when the id (or its group's sample index) is taken."""
         now = utcnow()
         row = SessionRow(
             id=session_id,
@@ -67,6 +68,8 @@ class Repository:
             template_now=template_now,
             meta=meta,
         )
+        if group is not None:
+            apply_claim(row, group)
         try:
             async with self.db.begin_nested():
                 self.db.add(row)

@@ -107,3 +107,26 @@ def test_a_branched_conversation_is_recorded_and_exported(
         rows = [orjson.loads(line) for line in response.content.splitlines() if line]
         assert {row["session_id"] for row in rows} == {"pg"}
         assert len(rows) == 7
+
+
+def test_groups_and_export_filters_on_postgresql(start_proxy: ProxyFactory, postgres_url: str) -> None:
+    user = [{"role": "user", "content": "hi"}]
+    with start_proxy(db=postgres_url) as url:
+        for index in range(2):
+            body = {"id": f"g{index}", "group_id": "G", "sample_index": index, "group_size": 2}
+            assert httpx.post(f"{url}/sessions", json=body).status_code == 201
+            reply(url, user, f"g{index}")
+        taken = httpx.post(f"{url}/sessions", json={"group_id": "G", "sample_index": 0})
+        assert taken.status_code == 409
+
+        def exported(**params: Any) -> list[str]:
+            response = httpx.get(f"{url}/export", params=params, timeout=60)
+            assert response.status_code == 200, response.text
+            return [orjson.loads(line)["session_id"] for line in response.content.splitlines()]
+
+        httpx.post(f"{url}/sessions/g1/finish")
+        assert exported(whole_groups="true") == []
+        httpx.post(f"{url}/sessions/g0/finish")
+        assert exported(whole_groups="true") == ["g0", "g1"]
+        assert exported(session_ids="g0", limit=1, min_weight_version="0") == ["g0"]
+        assert exported(status="active") == []

@@ -1,0 +1,1 @@
+"""Adapters from exported rows to the input types of RL trainers: skyrl, verl, verifiers (prime-rl)."""
