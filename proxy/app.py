@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -112,6 +113,15 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     return app
 
 
+def _validation_code(error: Mapping[str, Any]) -> str:
+    """json_too_deep for JSON past the nesting cap, whether our validators or the parser found it."""
+    if error.get("type") == "json_too_deep":
+        return "json_too_deep"
+    if error.get("type") == "json_invalid" and "depth limit" in str((error.get("ctx") or {}).get("error")):
+        return "json_too_deep"  # orjson stops at 1,024 levels
+    return "invalid_value"
+
+
 async def _finish_idle_sessions(state: AppState) -> None:
     """Finish sessions idle past the timeout, so that harnesses that never finish still export."""
     timeout = state.settings.session_idle_timeout_s
@@ -142,7 +152,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         location = [str(part) for part in first.get("loc", ()) if part != "body"]
         param = ".".join(location) or None
         message = f"{first.get('msg', 'invalid request')}" + (f" (at {param})" if param else "")
-        error = InvalidRequest(message, param=param, code="invalid_value")
+        error = InvalidRequest(message, param=param, code=_validation_code(first))
         return JSONResponse(error.envelope(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)

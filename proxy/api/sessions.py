@@ -5,13 +5,13 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.api.deps import StateDep, check_session_id
-from proxy.api.schemas import RowId
+from proxy.api.schemas import RowId, Shallow
 from proxy.errors import Conflict, InvalidRequest, NotFound
 from proxy.export.trajectory import build_trajectories
 from proxy.store.models import SessionRow
@@ -23,7 +23,7 @@ router = APIRouter(prefix="/sessions", tags=["sessions"])
 class NewSession(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: Annotated[dict[str, Any], Shallow] = Field(default_factory=dict)
 
 
 class RewardBody(BaseModel):

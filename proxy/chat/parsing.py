@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.chat.messages import Message
+from proxy.json_limits import loads_bounded
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,9 @@ def _call(name: str, arguments: Any, call_id: str | None = None) -> dict[str, An
 
 
 def _value(raw: str) -> Any:
-    """An XML-style argument value: JSON when it parses, else the text itself."""
+    """An XML-style argument value: JSON when it parses (within the nesting cap), else the text itself."""
     try:
-        return json.loads(raw)
+        return loads_bounded(raw)
     except ValueError:
         return raw
 
@@ -93,7 +94,7 @@ def hermes_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
     calls = []
     for body in _HERMES.findall(text):
         try:
-            payload = json.loads(body)
+            payload = loads_bounded(body)
         except ValueError:
             return None
         if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
@@ -132,7 +133,7 @@ def llama3_json_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
     if not stripped.startswith("{"):
         return text, []
     try:
-        payload = json.loads(stripped)
+        payload = loads_bounded(stripped)
     except ValueError:
         return text, []  # ordinary content that happens to start with a brace
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
@@ -146,7 +147,7 @@ def mistral_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
         return text, []
     before, _, payload = text.partition("[TOOL_CALLS]")
     try:
-        items = json.loads(payload)
+        items = loads_bounded(payload)
     except ValueError:
         return None
     items = items if isinstance(items, list) else [items]
@@ -164,7 +165,7 @@ def deepseek_v3_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
         return None
     for call in calls:
         try:
-            json.loads(call["function"]["arguments"])
+            loads_bounded(call["function"]["arguments"])
         except ValueError:
             return None
     return text[: text.index(begin)].rstrip(), calls
@@ -188,7 +189,7 @@ def kimi_k2_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
     for call_id, arguments in _KIMI_CALL.findall(text[text.index(begin) : text.index(end)]):
         name = call_id.removeprefix("functions.").rpartition(":")[0]
         try:
-            json.loads(arguments)
+            loads_bounded(arguments)
         except ValueError:
             return None
         if not name:
@@ -213,7 +214,7 @@ def parse_harmony(text: str) -> ParsedOutput | None:
         recipient = re.search(r"to=functions\.([\w.-]+)", header)
         if recipient:
             try:
-                json.loads(body)
+                loads_bounded(body)
             except ValueError:
                 return None
             calls.append(_call(recipient.group(1), body))

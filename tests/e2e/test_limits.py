@@ -1,0 +1,83 @@
+"""Request limits: a body size cap (413), a JSON nesting cap (400), and large work off the event loop."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+USER = [{"role": "user", "content": "hi"}]
+DEPTH = 300
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def _error(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error: dict[str, Any] = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+def _chat(url: str, body: Any, session: str = "limits") -> httpx.Response:
+    return httpx.post(f"{url}/sessions/{session}/v1/chat/completions", json=body, timeout=60)
+
+
+def _call_history(arguments: Any) -> list[dict[str, Any]]:
+    call = {"id": "call_1", "type": "function", "function": {"name": "run", "arguments": arguments}}
+    return [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "done"},
+    ]
+
+
+@pytest.mark.parametrize("as_text", [False, True], ids=["object", "string"])
+def test_deeply_nested_tool_arguments_are_a_400(proxy_url: str, as_text: bool) -> None:
+    arguments = _nested(DEPTH)
+    body = {"model": "m", "messages": _call_history(json.dumps(arguments) if as_text else arguments)}
+    error = _error(_chat(proxy_url, body), 400)
+    assert error["code"] == "json_too_deep"
+    assert "128" in error["message"]
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["tools", "chat_template_kwargs", "response_format", "tool_choice", "metadata"],
+)
+def test_deep_json_anywhere_in_a_chat_body_is_a_400(proxy_url: str, field: str) -> None:
+    deep = _nested(DEPTH)
+    values: dict[str, Any] = {
+        "tools": [{"type": "function", "function": {"name": "run", "parameters": deep}}],
+        "chat_template_kwargs": {"x": deep},
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": deep}},
+        "tool_choice": {"type": "function", "function": {"name": "run", "x": deep}},
+        "metadata": deep,
+    }
+    error = _error(_chat(proxy_url, {"model": "m", "messages": USER, field: values[field]}), 400)
+    assert error["code"] == "json_too_deep"
+
+
+def test_json_deeper_than_the_parser_allows_is_the_same_400(proxy_url: str) -> None:
+    body = b'{"model": "m", "messages": ' + b"[" * 2000 + b"]" * 2000 + b"}"
+    response = httpx.post(
+        f"{proxy_url}/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
+    assert _error(response, 400)["code"] == "json_too_deep"
+
+
+def test_deep_session_metadata_is_a_400(proxy_url: str) -> None:
+    response = httpx.post(f"{proxy_url}/sessions", json={"id": "deep", "metadata": _nested(DEPTH)})
+    assert _error(response, 400)["code"] == "json_too_deep"
+
+
+def test_nesting_at_the_limit_is_accepted(proxy_url: str) -> None:
+    body = {"model": "m", "messages": _call_history(_nested(100)), "max_tokens": 4}
+    assert _chat(proxy_url, body).status_code == 200, "100 levels of arguments are ordinary"
