@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from proxy.api import admin, completions, export, health, openai, sessions
 from proxy.api.auth import require_admin_key, require_harness_key
+from proxy.api.limits import BodyLimit
 from proxy.app_state import AppState
 from proxy.chat.parsing import build_parser
 from proxy.chat.renderer import Renderer
@@ -102,6 +103,8 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             await db_engine.dispose()
 
     app = FastAPI(title="tito-proxy", version="0.1.0", lifespan=lifespan)
+    # Outside every route, so a new surface cannot forget it.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     harness = [Depends(require_harness_key)]
     for surface in (openai.router, completions.router):
         app.include_router(surface, dependencies=harness)

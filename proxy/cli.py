@@ -55,6 +55,9 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument(
         "--drift-report", choices=["strict", "ignore_strippable", "disable"], help="default strict"
     )
+    serve.add_argument(
+        "--max-body-bytes", type=int, help="larger request bodies are a 413 (default 33554432, 32 MiB)"
+    )
 
 
 def _settings_from(args: argparse.Namespace) -> Any:
@@ -79,6 +82,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "stream_keepalive_s",
         "api_key",
         "admin_key",
+        "max_body_bytes",
     )
     given = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     return Settings(**given)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+
+from tests.conftest import ProxyFactory
 
 USER = [{"role": "user", "content": "hi"}]
 DEPTH = 300
@@ -81,3 +86,76 @@ def test_deep_session_metadata_is_a_400(proxy_url: str) -> None:
 def test_nesting_at_the_limit_is_accepted(proxy_url: str) -> None:
     body = {"model": "m", "messages": _call_history(_nested(100)), "max_tokens": 4}
     assert _chat(proxy_url, body).status_code == 200, "100 levels of arguments are ordinary"
+
+
+@pytest.fixture
+def small_limit_url(start_proxy: ProxyFactory) -> Iterator[str]:
+    with start_proxy(max_body_bytes=4096) as url:
+        yield url
+
+
+def _big_body(size: int) -> bytes:
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * size}]}).encode()
+
+
+def test_a_body_over_the_limit_is_a_413_in_the_envelope(small_limit_url: str) -> None:
+    response = httpx.post(
+        f"{small_limit_url}/v1/chat/completions",
+        content=_big_body(10_000),
+        headers={"content-type": "application/json"},
+    )
+    error = _error(response, 413)
+    assert error["code"] == "request_too_large"
+    assert "4096" in error["message"]
+
+
+def test_a_chunked_body_over_the_limit_is_a_413(small_limit_url: str) -> None:
+    def chunks() -> Iterator[bytes]:
+        body = _big_body(100_000)
+        for start in range(0, len(body), 1000):
+            yield body[start : start + 1000]
+
+    response = httpx.post(
+        f"{small_limit_url}/v1/chat/completions",
+        content=chunks(),
+        headers={"content-type": "application/json"},
+    )
+    assert "content-length" not in response.request.headers  # sent chunked
+    assert _error(response, 413)["code"] == "request_too_large"
+
+
+def test_the_limit_covers_every_route(small_limit_url: str) -> None:
+    response = httpx.post(f"{small_limit_url}/sessions", json={"metadata": {"x": "y" * 10_000}})
+    assert _error(response, 413)["code"] == "request_too_large"
+
+
+def test_a_body_within_the_limit_is_served(small_limit_url: str) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 3000}], "max_tokens": 4}
+    response = httpx.post(f"{small_limit_url}/sessions/fits/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+
+
+def test_a_many_megabyte_body_is_413_at_the_default_limit(proxy_url: str) -> None:
+    response = httpx.post(
+        f"{proxy_url}/v1/chat/completions",
+        content=_big_body(33 * 1024 * 1024),
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert _error(response, 413)["code"] == "request_too_large"
+
+
+def _serve_settings(*flags: str) -> Any:
+    from proxy.cli import _serve_parser, _settings_from
+
+    parser = argparse.ArgumentParser()
+    _serve_parser(parser.add_subparsers(dest="command"))
+    return _settings_from(parser.parse_args(["serve", *flags]))
+
+
+def test_the_limit_is_a_flag_and_a_variable(monkeypatch: pytest.MonkeyPatch, qwen_dir: Path) -> None:
+    monkeypatch.setenv("TITO_MAX_BODY_BYTES", "1000")
+    assert _serve_settings("--tokenizer", str(qwen_dir)).max_body_bytes == 1000
+    assert _serve_settings("--tokenizer", str(qwen_dir), "--max-body-bytes", "2000").max_body_bytes == 2000
+    monkeypatch.delenv("TITO_MAX_BODY_BYTES")
+    assert _serve_settings("--tokenizer", str(qwen_dir)).max_body_bytes == 32 * 1024 * 1024
