@@ -98,6 +98,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             yield
         finally:
             sweeper.cancel()
+            app.state.proxy.turns.close()
             await turn_store.close()
             await inference.aclose()
             await db_engine.dispose()

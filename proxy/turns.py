@@ -13,15 +13,16 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from proxy.chat.messages import Message, canonical, key_of_canonical, reasoning_consistent
 from proxy.chat.parsing import OutputParser, ParsedOutput, build_parser
-from proxy.chat.renderer import DeltaUnavailable, Renderer
+from proxy.chat.renderer import LARGE_TEXT_CHARS, Delta, DeltaUnavailable, PromptTooLong, Renderer
 from proxy.engines.base import Engine, FinishReason, Generation, SamplingParams
 from proxy.errors import Conflict, ContextLengthExceeded, EngineError, InvalidRequest
 from proxy.store.codec import IdArray, pack_ids, pack_logprobs
@@ -29,6 +30,8 @@ from proxy.store.prompts import ContextCache, Recorded, rebuild
 from proxy.store.turn_store import ContinuedCall, NewCall, TurnStore, TurnWrite
 
 log = logging.getLogger("tito_proxy.turns")
+
+_Rendered = TypeVar("_Rendered", list[int], Delta)
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,8 @@ class TurnRunner:
         self.parser = parser or build_parser("auto", renderer.files.chat_template, renderer.special_texts)
         self.contexts = contexts or ContextCache()
         self._clock = clock
+        # Renders of large requests: two at a time, so they cannot take every core from the loop.
+        self._workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tito-render")
 
     async def prepare(self, session_id: str, request: TurnRequest) -> PreparedTurn:
         """Everything before the engine call: the session, the prompt ids, bounded sampling."""
@@ -367,15 +372,18 @@ class TurnRunner:
                 log.info("session %s: new segment: %s", parent.session_id, exc)
         if continued is not None and self.history_mode == "exact":
             return continued
-        prompt = np.asarray(
-            self.renderer.render_prompt(
+        rendered = await self._off_loop_if_large(
+            _text_size(request.messages),
+            functools.partial(
+                self.renderer.render_prompt,
                 request.messages,
                 tools=request.tools,
                 template_kwargs=request.template_kwargs,
                 now=template_now,
+                max_tokens=self.context_length,
             ),
-            dtype=np.int32,
         )
+        prompt = np.asarray(rendered, dtype=np.int32)
         if continued is not None and np.array_equal(continued.prompt, prompt):
             return continued  # template mode: the stream is exactly what a fresh render gives
         return PromptPlan(prompt=prompt, added=prompt, parent=None, boundary_edits=[])
@@ -391,12 +399,17 @@ class TurnRunner:
         refused = sorted({m["role"] for m in appended if not verdict.continues(m["role"])})
         if refused:
             raise DeltaUnavailable(f"the template self-test did not prove {', '.join(refused)} appends safe")
-        delta = self.renderer.render_delta(
-            parent.response_message,
-            appended,
-            tools=request.tools,
-            template_kwargs=request.template_kwargs,
-            now=template_now,
+        delta = await self._off_loop_if_large(
+            _text_size(appended),
+            functools.partial(
+                self.renderer.render_delta,
+                parent.response_message,
+                appended,
+                tools=request.tools,
+                template_kwargs=request.template_kwargs,
+                now=template_now,
+                max_tokens=self.context_length,
+            ),
         )
         recorded = await self._recorded(parent)
         context = recorded.ids
@@ -437,6 +450,25 @@ class TurnRunner:
             history=recorded.conversation,
             appended=list(appended),
         )
+
+    async def _off_loop_if_large(self, text_chars: int, render: Callable[[], _Rendered]) -> _Rendered:
+        """`render()`, on a worker thread when its messages are large: Jinja then shares the GIL in
+        5 ms slices and the encode releases it, so other sessions' turns go on. A typical turn's
+        render is cheaper than the hop, and stays here."""
+        try:
+            if text_chars < LARGE_TEXT_CHARS:
+                return render()
+            return await asyncio.get_running_loop().run_in_executor(self._workers, render)
+        except PromptTooLong as exc:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {self.context_length} tokens, but the prompt has "
+                f"more ({exc.tokens} tokens rendered).",
+                param="messages",
+            ) from exc
+
+    def close(self) -> None:
+        """Stop the render workers; a render still running ends on its own (it cannot be interrupted)."""
+        self._workers.shutdown(wait=False, cancel_futures=True)
 
     def _bounded_sampling(self, request: TurnRequest, prompt_len: int) -> SamplingParams:
         params = request.sampling
@@ -481,6 +513,20 @@ class TurnRunner:
         return (parser or self.parser).parse(
             self.output_text(generation.output_ids, generation.finish), reasoning_open=reasoning_open
         )
+
+
+def _text_size(messages: Sequence[Message]) -> int:
+    """The characters of the messages' texts: what a render's cost grows with."""
+    size = 0
+    for message in messages:
+        for key in ("content", "reasoning_content"):
+            value = message.get(key)
+            if isinstance(value, str):
+                size += len(value)
+        for call in message.get("tool_calls") or ():
+            arguments = (call.get("function") or {}).get("arguments")
+            size += len(arguments) if isinstance(arguments, str) else 0
+    return size
 
 
 def _status(generation: Generation) -> str:

@@ -7,6 +7,7 @@ byte-identical; tests assert that parity against transformers on every fixture t
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -19,6 +20,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from proxy.errors import TemplateError
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _strftime_now(fmt: str, now: datetime | None = None) -> str:
+    return (now or datetime.now()).strftime(fmt)
 
 
 def _raise_exception(message: str) -> None:
@@ -85,19 +90,15 @@ class ChatTemplate:
     def __init__(self, source: str, special_tokens: Mapping[str, str]) -> None:
         self.source = source
         self._special_tokens = dict(special_tokens)
-        self._now: datetime | None = None
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
         )
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
-        env.globals["strftime_now"] = self._strftime_now
+        env.globals["strftime_now"] = _strftime_now
         env.globals["dict"] = dict
         env.globals["namespace"] = _Namespace
         self._compiled = env.from_string(source)
-
-    def _strftime_now(self, fmt: str) -> str:
-        return (self._now or datetime.now()).strftime(fmt)
 
     @property
     def reads_date(self) -> bool:
@@ -116,7 +117,9 @@ class ChatTemplate:
         # transformers drops None-valued keys first: templates handle a missing key, not a None.
         plain = [_alias_reasoning({k: v for k, v in m.items() if v is not None}) for m in messages]
         variables: dict[str, Any] = {**self._special_tokens, **(template_kwargs or {})}
-        self._now = now
+        if now is not None:
+            # Per render, not on the instance: renders of large requests run on worker threads.
+            variables["strftime_now"] = functools.partial(_strftime_now, now=now)
         try:
             return self._compiled.render(
                 messages=plain,
@@ -133,5 +136,3 @@ class ChatTemplate:
             raise TemplateError(
                 f"the chat template failed on this conversation: {exc}", param="messages"
             ) from exc
-        finally:
-            self._now = None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,8 @@ import httpx
 import pytest
 
 from tests.conftest import ProxyFactory
+from tests.fakes.sglang import FakeSGLang
+from tests.support import spawn_proxy
 
 USER = [{"role": "user", "content": "hi"}]
 DEPTH = 300
@@ -159,3 +163,56 @@ def test_the_limit_is_a_flag_and_a_variable(monkeypatch: pytest.MonkeyPatch, qwe
     assert _serve_settings("--tokenizer", str(qwen_dir), "--max-body-bytes", "2000").max_body_bytes == 2000
     monkeypatch.delenv("TITO_MAX_BODY_BYTES")
     assert _serve_settings("--tokenizer", str(qwen_dir)).max_body_bytes == 32 * 1024 * 1024
+
+
+def _turn_latencies_while(url: str, busy: threading.Thread) -> list[float]:
+    """Short turns in their own sessions, one after another, for as long as `busy` runs."""
+    latencies: list[float] = []
+    with httpx.Client(timeout=60) as client:
+        while busy.is_alive():
+            session = f"quick-{len(latencies)}"
+            started = time.perf_counter()
+            response = client.post(
+                f"{url}/sessions/{session}/v1/chat/completions",
+                json={"model": "m", "messages": USER, "max_tokens": 4},
+            )
+            latencies.append(time.perf_counter() - started)
+            assert response.status_code == 200, response.text
+    return latencies
+
+
+@pytest.mark.parametrize("shape", ["new_segment", "appended_tool_result"])
+def test_a_multi_megabyte_message_does_not_delay_other_sessions(
+    engine: FakeSGLang, qwen_dir: Path, tmp_path: Path, shape: str
+) -> None:
+    big = " ".join(f"word{i % 5000}" for i in range(600_000))  # ~5 MB, ~1.2M tokens
+    args = ["--tokenizer", str(qwen_dir), "--engine-url", engine.url]  # type: ignore[attr-defined]
+    with spawn_proxy(args, {"TITO_DB": f"sqlite:///{tmp_path / 'p.db'}"}, tmp_path / "serve.log") as (_, url):
+        # The engine client may first meet a keep-alive connection the stand-in closed while the proxy
+        # started (a separate defect); this test is about latency, so it starts on a fresh one.
+        httpx.post(f"{url}/sessions/warm/v1/chat/completions", json={"model": "m", "messages": USER})
+        messages: list[dict[str, Any]] = [{"role": "user", "content": big}]
+        if shape == "appended_tool_result":
+            history = _call_history({"path": "big.log"})
+            sampled = httpx.post(
+                f"{url}/sessions/big/v1/chat/completions", json={"model": "m", "messages": history[:1]}
+            )
+            assert sampled.status_code == 200, sampled.text
+            messages = [*history[:2], {"role": "tool", "tool_call_id": "call_1", "content": big}]
+        _turn_latencies_while(url, threading.Thread(target=lambda: None))  # warm up
+        answers: list[httpx.Response] = []
+        sender = threading.Thread(
+            target=lambda: answers.append(
+                httpx.post(
+                    f"{url}/sessions/big/v1/chat/completions",
+                    json={"model": "m", "messages": messages},
+                    timeout=300,
+                )
+            )
+        )
+        sender.start()
+        latencies = _turn_latencies_while(url, sender)
+        sender.join()
+    assert max(latencies) < 0.25, f"another session's turn waited {max(latencies) * 1000:.0f} ms"
+    assert len(latencies) >= 3, "the large request was answered before other turns could overlap it"
+    assert _error(answers[0], 400)["code"] == "context_length_exceeded"
