@@ -10,6 +10,7 @@ What the served template allows is decided once by the start-up probe (proxy/cha
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -51,6 +52,11 @@ _PROBE_CHARS_PER_TOKEN = 6
 _PROBE_MARGIN = 1.25
 
 
+# The cache of encoded fixed bases: a base holds the tool list, which a request may make large.
+_HEADS = 256
+_HEAD_CHARS = 8 * 1024 * 1024
+
+
 class DeltaUnavailable(Exception):
     """The template does not let us compute a delta we can prove; start a new segment instead."""
 
@@ -83,6 +89,8 @@ class Renderer:
         )
         self.arguments_as: Literal["object", "string"] = "object"
         self._heads: dict[str, list[int]] = {}
+        self._head_chars = 0
+        self._heads_lock = threading.Lock()
         # Empty while the probe runs: it checks templates on full encodes only.
         self._splitting_closes: dict[str, int] = {}
         self.verdict: TemplateVerdict = TemplateProbe(self).run()
@@ -240,14 +248,30 @@ class Renderer:
         return self.cut_after_close(text, stub_at + len(STUB_CONTENT), max_tokens=max_tokens)
 
     def _head_ids(self, head: str) -> list[int]:
-        """The fixed base up to the stub's close: the same few texts on every turn, so encoded once."""
+        """The fixed base up to the stub's close: the same few texts on every turn (one per tool list
+        and kwargs), so encoded once; at most _HEADS entries and _HEAD_CHARS characters are kept."""
         found = self._heads.get(head)
-        if found is None:
-            if len(self._heads) >= 256:
-                # Another thread may evict at the same moment (large renders run on workers).
-                self._heads.pop(next(iter(self._heads), ""), None)
-            found = self._heads[head] = self.encode(head)
+        if found is not None:
+            return found
+        found = self.encode(head)
+        if len(head) <= _HEAD_CHARS // 8:
+            with self._heads_lock:  # large renders run on worker threads
+                while self._heads and (
+                    len(self._heads) >= _HEADS or self._head_chars + len(head) > _HEAD_CHARS
+                ):
+                    oldest = next(iter(self._heads))
+                    del self._heads[oldest]
+                    self._head_chars -= len(oldest)
+                if head not in self._heads:
+                    self._heads[head] = found
+                    self._head_chars += len(head)
         return found
+
+    def cached_heads(self) -> int:
+        return len(self._heads)
+
+    def cached_head_chars(self) -> int:
+        return self._head_chars
 
     def _closes_split_at(self) -> dict[str, int]:
         """The close tokens the tokenizer cuts its input at before anything else runs, with their ids.
