@@ -266,7 +266,8 @@ class TurnRunner:
             *(plan.appended if plan.parent is not None else turn.request.messages),
             reply,
         ]
-        self.contexts.put(call_id, Recorded(context, conversation))
+        extends = plan.parent.id if plan.parent is not None else None
+        self.contexts.put(call_id, Recorded(context, conversation), extends=extends)
 
     def _new_call(
         self, turn: PreparedTurn, index: int, generation: Generation, status: str

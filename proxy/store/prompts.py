@@ -84,9 +84,17 @@ class ContextCache:
         self._entries.move_to_end(call_id)
         return found[0]
 
-    def put(self, call_id: int, recorded: Recorded) -> None:
+    def put(self, call_id: int, recorded: Recorded, *, extends: int | None = None) -> None:
+        """Keep `recorded`; `extends`: a cached call whose conversation it continues, so that only
+        the new messages are measured (a turn then costs the same at turn 1 and turn 100)."""
+        base = self._entries.get(extends) if extends is not None else None
+        if base is not None and len(recorded.conversation) >= len(base[0].conversation):
+            known = len(base[0].conversation)
+            size = base[1] - base[0].ids.nbytes + recorded.ids.nbytes
+            size += _text_chars(recorded.conversation[known:])
+        else:
+            size = recorded.ids.nbytes + _text_chars(recorded.conversation)
         self.drop(call_id)
-        size = _footprint(recorded)
         if size > self._max_bytes:
             return  # larger than the whole budget: rebuilt when needed, never kept
         self._entries[call_id] = (recorded, size)
@@ -100,10 +108,10 @@ class ContextCache:
             self.bytes -= old[1]
 
 
-def _footprint(recorded: Recorded) -> int:
-    """Bytes an entry holds, about: its ids and its messages' texts (Python's object headers aside)."""
-    size = recorded.ids.nbytes
-    for message in recorded.conversation:
+def _text_chars(messages: Sequence[dict[str, Any]]) -> int:
+    """The characters of the messages' texts: with the ids, what an entry holds (object headers aside)."""
+    size = 0
+    for message in messages:
         for key in ("content", "reasoning_content"):
             value = message.get(key)
             if isinstance(value, str):

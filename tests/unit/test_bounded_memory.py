@@ -53,6 +53,18 @@ def test_the_context_cache_keeps_its_accounting_through_drops_and_replacements()
     assert len(cache) == 0
 
 
+def test_a_continued_context_is_measured_from_its_parent() -> None:
+    cache = ContextCache(max_bytes=10**9, max_entries=10)
+    parent = _recorded(10, 1000)
+    cache.put(1, parent)
+    child = Recorded(
+        np.zeros(30, dtype=np.int32), [*parent.conversation, {"role": "user", "content": "y" * 500}]
+    )
+    cache.put(2, child, extends=1)
+    cache.put(3, child)
+    assert cache.sizes()[1] == cache.sizes()[2] == 30 * 4 + 1000 + 2 + 500
+
+
 def test_a_single_entry_over_the_budget_is_not_kept() -> None:
     cache = ContextCache(max_bytes=1000, max_entries=10)
     cache.put(1, _recorded(10, 10))
