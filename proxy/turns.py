@@ -26,7 +26,7 @@ from proxy.chat.renderer import LARGE_TEXT_CHARS, Delta, DeltaUnavailable, Promp
 from proxy.engines.base import Engine, FinishReason, Generation, SamplingParams
 from proxy.errors import Conflict, ContextLengthExceeded, EngineError, InvalidRequest
 from proxy.store.codec import IdArray, pack_ids, pack_logprobs
-from proxy.store.prompts import ContextCache, Recorded, rebuild
+from proxy.store.prompts import ContextCache, Recorded, rebuild, text_chars
 from proxy.store.turn_store import ContinuedCall, NewCall, TurnStore, TurnWrite
 
 log = logging.getLogger("tito_proxy.turns")
@@ -374,7 +374,7 @@ class TurnRunner:
         if continued is not None and self.history_mode == "exact":
             return continued
         rendered = await self._off_loop_if_large(
-            _text_size(request.messages),
+            text_chars(request.messages),
             functools.partial(
                 self.renderer.render_prompt,
                 request.messages,
@@ -401,7 +401,7 @@ class TurnRunner:
         if refused:
             raise DeltaUnavailable(f"the template self-test did not prove {', '.join(refused)} appends safe")
         delta = await self._off_loop_if_large(
-            _text_size(appended),
+            text_chars(appended),
             functools.partial(
                 self.renderer.render_delta,
                 parent.response_message,
@@ -452,12 +452,12 @@ class TurnRunner:
             appended=list(appended),
         )
 
-    async def _off_loop_if_large(self, text_chars: int, render: Callable[[], _Rendered]) -> _Rendered:
+    async def _off_loop_if_large(self, chars: int, render: Callable[[], _Rendered]) -> _Rendered:
         """`render()`, on a worker thread when its messages are large: Jinja then shares the GIL in
         5 ms slices and the encode releases it, so other sessions' turns go on. A typical turn's
         render is cheaper than the hop, and stays here."""
         try:
-            if text_chars < LARGE_TEXT_CHARS:
+            if chars < LARGE_TEXT_CHARS:
                 return render()
             return await asyncio.get_running_loop().run_in_executor(self._workers, render)
         except PromptTooLong as exc:
@@ -466,6 +466,11 @@ class TurnRunner:
                 f"more ({exc.tokens} tokens rendered).",
                 param="messages",
             ) from exc
+
+    async def encode_prompt_text(self, text: str) -> list[int]:
+        """A /v1/completions text prompt as SGLang tokenizes it (the tokenizer's BOS included)."""
+        render = functools.partial(self.renderer.encode, text, at_most=self.context_length, special=True)
+        return await self._off_loop_if_large(len(text), render)
 
     def close(self) -> None:
         """Stop the render workers; a render still running ends on its own (it cannot be interrupted)."""
@@ -514,20 +519,6 @@ class TurnRunner:
         return (parser or self.parser).parse(
             self.output_text(generation.output_ids, generation.finish), reasoning_open=reasoning_open
         )
-
-
-def _text_size(messages: Sequence[Message]) -> int:
-    """The characters of the messages' texts: what a render's cost grows with."""
-    size = 0
-    for message in messages:
-        for key in ("content", "reasoning_content"):
-            value = message.get(key)
-            if isinstance(value, str):
-                size += len(value)
-        for call in message.get("tool_calls") or ():
-            arguments = (call.get("function") or {}).get("arguments")
-            size += len(arguments) if isinstance(arguments, str) else 0
-    return size
 
 
 def _status(generation: Generation) -> str:

@@ -106,26 +106,27 @@ class Renderer:
     def vocab_size(self) -> int:
         return self.files.vocab_size
 
-    def encode(self, text: str, *, at_most: int | None = None) -> list[int]:
-        """The ids of `text`; PromptTooLong past `at_most` ids (checked on large texts, whose ids would
-        take the GIL for long to build: a 10 MB message is ~5M of them)."""
+    def encode(self, text: str, *, at_most: int | None = None, special: bool = False) -> list[int]:
+        """The ids of `text` (`special`: with the tokenizer's own BOS/EOS); PromptTooLong past `at_most`
+        ids (checked on large texts, whose ids would hold the GIL long to build: a 10 MB message has
+        ~5M)."""
         if len(text) < LARGE_TEXT_CHARS:
-            return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+            return list(self.tokenizer.encode(text, add_special_tokens=special).ids)
         if at_most is not None and len(text) > _PROBE_CHARS_PER_TOKEN * at_most:
             # Freeing an encoding takes the GIL for ~0.5 us per token (~0.8 s for a 10 MB message), so
             # a text far too long is refused from a prefix: more text never has fewer tokens, and the
             # margin covers what the cut changes at its end.
-            prefix = self._encoding(text[: _PROBE_CHARS_PER_TOKEN * at_most])
+            prefix = self._encoding(text[: _PROBE_CHARS_PER_TOKEN * at_most], special)
             if len(prefix) > _PROBE_MARGIN * at_most:
                 raise PromptTooLong(len(prefix))
-        encoding = self._encoding(text)
+        encoding = self._encoding(text, special)
         if at_most is not None and len(encoding) > at_most:
             raise PromptTooLong(len(encoding))
         return list(encoding.ids)
 
-    def _encoding(self, text: str) -> Any:
+    def _encoding(self, text: str, special: bool) -> Any:
         # encode_batch releases the GIL while it works; encode does not.
-        (encoding,) = self.tokenizer.encode_batch([text], add_special_tokens=False)
+        (encoding,) = self.tokenizer.encode_batch([text], add_special_tokens=special)
         return encoding
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -91,9 +91,9 @@ class ContextCache:
         if base is not None and len(recorded.conversation) >= len(base[0].conversation):
             known = len(base[0].conversation)
             size = base[1] - base[0].ids.nbytes + recorded.ids.nbytes
-            size += _text_chars(recorded.conversation[known:])
+            size += text_chars(recorded.conversation[known:])
         else:
-            size = recorded.ids.nbytes + _text_chars(recorded.conversation)
+            size = recorded.ids.nbytes + text_chars(recorded.conversation)
         self.drop(call_id)
         if size > self._max_bytes:
             return  # larger than the whole budget: rebuilt when needed, never kept
@@ -108,7 +108,7 @@ class ContextCache:
             self.bytes -= old[1]
 
 
-def _text_chars(messages: Sequence[dict[str, Any]]) -> int:
+def text_chars(messages: Sequence[dict[str, Any]]) -> int:
     """The characters of the messages' texts: with the ids, what an entry holds (object headers aside)."""
     size = 0
     for message in messages:

@@ -187,7 +187,7 @@ def _running_for(seconds: float) -> threading.Thread:
     return thread
 
 
-@pytest.mark.parametrize("shape", ["new_segment", "appended_tool_result"])
+@pytest.mark.parametrize("shape", ["new_segment", "appended_tool_result", "completion_text_prompt"])
 def test_a_multi_megabyte_message_does_not_delay_other_sessions(
     engine: FakeSGLang, qwen_dir: Path, tmp_path: Path, shape: str
 ) -> None:
@@ -207,15 +207,12 @@ def test_a_multi_megabyte_message_does_not_delay_other_sessions(
             messages = [*history[:2], {"role": "tool", "tool_call_id": "call_1", "content": big}]
         # Quiet latency first: on a loaded machine a turn takes tens of ms before anything else runs.
         quiet = [_turn_latencies_while(url, _running_for(0.5)) for _ in range(2)][-1]
+        path, body = "chat/completions", {"model": "m", "messages": messages}
+        if shape == "completion_text_prompt":
+            path, body = "completions", {"model": "m", "prompt": big}
         answers: list[httpx.Response] = []
         sender = threading.Thread(
-            target=lambda: answers.append(
-                httpx.post(
-                    f"{url}/sessions/big/v1/chat/completions",
-                    json={"model": "m", "messages": messages},
-                    timeout=300,
-                )
-            )
+            target=lambda: answers.append(httpx.post(f"{url}/sessions/big/v1/{path}", json=body, timeout=300))
         )
         sender.start()
         latencies = _turn_latencies_while(url, sender)
