@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from proxy import native_memory
 from proxy.api import admin, completions, export, health, openai, sessions
 from proxy.api.auth import require_admin_key, require_harness_key
 from proxy.api.limits import BodyLimit
@@ -48,6 +49,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        native_memory.fix_mmap_threshold()
         await upgrade_to_head(settings.db)
         db_engine = create_engine(settings.db)
         renderer = Renderer(load_tokenizer_files(settings.tokenizer_dir))

@@ -4,12 +4,16 @@ read pass the limit, so no route ever holds it."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from proxy import native_memory
 from proxy.errors import PayloadTooLarge
+
+_LARGE_BODY = 256 * 1024
 
 
 class BodyLimit:
@@ -42,7 +46,12 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         whole: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        del chunks
         await self.app(scope, _replaying(whole, receive), send)
+        if size >= _LARGE_BODY:
+            # What the large body made the proxy allocate (and free) goes back to the OS; after the
+            # answer is sent, and off the loop.
+            await asyncio.to_thread(native_memory.trim)
 
     async def _refuse(self, send: Send) -> None:
         error = PayloadTooLarge(

@@ -166,10 +166,10 @@ def test_the_limit_is_a_flag_and_a_variable(monkeypatch: pytest.MonkeyPatch, qwe
 
 
 def _turn_latencies_while(url: str, busy: threading.Thread) -> list[float]:
-    """Short turns in their own sessions, one after another, for as long as `busy` runs."""
+    """Short turns in their own sessions, one after another, for as long as `busy` runs (one at least)."""
     latencies: list[float] = []
     with httpx.Client(timeout=60) as client:
-        while busy.is_alive():
+        while busy.is_alive() or not latencies:
             session = f"quick-{len(latencies)}"
             started = time.perf_counter()
             response = client.post(
