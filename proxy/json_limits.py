@@ -26,6 +26,8 @@ class JsonTooDeep(ValueError):
 
 def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether `value` has more than `limit` levels of arrays and objects (a scalar has none)."""
+    if not isinstance(value, (dict, list)):
+        return False  # most values checked are strings (tool arguments as OpenAI sends them)
     padding = _ORJSON_DEPTH - limit
     if padding >= 0:
         # orjson refuses to write more than _ORJSON_DEPTH levels, in C: wrapped in `padding` lists,
