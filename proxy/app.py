@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,9 +16,11 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from proxy import native_memory
 from proxy.api import admin, export, health, models, sessions, weight_sync
 from proxy.api.auth import require_admin_key, require_harness_key
 from proxy.api.groups import group_from_headers
+from proxy.api.limits import BodyLimit
 from proxy.app_state import AppState
 from proxy.chat.call_format import choose_parser
 from proxy.chat.renderer import Renderer
@@ -108,6 +111,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        native_memory.fix_mmap_threshold()
         inference = engine or build_engine(settings)
         if engine is None and settings.engine != "local":
             try:
@@ -181,6 +185,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             yield
         finally:
             sweeper.cancel()
+            app.state.proxy.turns.close()
             await turn_store.close()
             await inference.aclose()
             await db_engine.dispose()
@@ -194,6 +199,8 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         redoc_url=None,
         openapi_url=None,
     )
+    # Outside every route, so a new surface cannot forget it.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     harness = [Depends(require_harness_key), Depends(group_from_headers)]
     for surface in (models.router, chat.router, completions.router, responses.router, anthropic.router):
         app.include_router(surface, dependencies=harness)
@@ -222,6 +229,15 @@ def _install_docs(app: FastAPI) -> None:
     @app.get("/redoc", include_in_schema=False, dependencies=guarded)
     async def redoc() -> HTMLResponse:
         return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
+
+
+def _validation_code(error: Mapping[str, Any]) -> str:
+    """json_too_deep for JSON past the nesting cap, whether our validators or the parser found it."""
+    if error.get("type") == "json_too_deep":
+        return "json_too_deep"
+    if error.get("type") == "json_invalid" and "depth limit" in str((error.get("ctx") or {}).get("error")):
+        return "json_too_deep"  # orjson stops at 1,024 levels
+    return "invalid_value"
 
 
 async def _finish_idle_sessions(state: AppState) -> None:
@@ -262,7 +278,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         location = [str(part) for part in first.get("loc", ()) if part != "body"]
         param = ".".join(location) or None
         message = f"{first.get('msg', 'invalid request')}" + (f" (at {param})" if param else "")
-        error = InvalidRequest(message, param=param, code="invalid_value")
+        error = InvalidRequest(message, param=param, code=_validation_code(first))
         return JSONResponse(error.envelope(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)

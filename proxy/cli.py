@@ -96,6 +96,9 @@ def _serve_parser(sub: Any) -> None:
         type=float,
         help="continue generations lost to an engine restart back within this long (default 0: off)",
     )
+    serve.add_argument(
+        "--max-body-bytes", type=int, help="larger request bodies are a 413 (default 33554432, 32 MiB)"
+    )
 
 
 def _settings_from(args: argparse.Namespace) -> Any:
@@ -129,6 +132,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "pause_max_wait_s",
         "retry_after_s",
         "engine_restart_wait_s",
+        "max_body_bytes",
     )
     given = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     return Settings(**given)

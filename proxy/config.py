@@ -67,6 +67,10 @@ class Settings(BaseSettings):
         "kimi_k2",
         "gpt_oss",
     ] = "auto"
+    # A larger request body is a 413. A 64k-token agent context is ~250 KB of JSON, a 1M-token one
+    # ~4-6 MB (more with non-ASCII text \u-escaped), and tool results are bounded by the context too:
+    # 32 MiB passes any request a model can take, and bounds what one request makes the proxy parse.
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     # Bearer keys: the harness key opens the OpenAI surface; the admin key opens sessions, trajectories,
     # exports and weight versions. Without an admin key those need the harness key (if one is set).
     api_key: SecretStr | None = None

@@ -4,10 +4,12 @@ ProxyError                      500 server_error
 ├── InvalidRequest              400 invalid_request_error
 │   ├── UnsupportedParameter    400 code=unsupported_parameter
 │   ├── ContextLengthExceeded   400 code=context_length_exceeded
-│   └── TemplateError           400 code=template_error (the served template refuses the conversation)
+│   ├── TemplateError           400 code=template_error (the served template refuses the conversation)
+│   └── JsonNestingTooDeep      400 code=json_too_deep (JSON nested past proxy/json_limits.py's cap)
 ├── Unauthorized                401 code=invalid_api_key (no key, or a wrong one)
 ├── Forbidden                   403 permission_error (the harness key on an admin route)
 ├── NotFound                    404 not_found_error
+├── PayloadTooLarge             413 code=request_too_large (a body past --max-body-bytes)
 ├── ClientClosedRequest         499 (the client left before its answer; nobody reads this one)
 ├── Conflict                    409 conflict_error (a session id that is taken, or deleted mid-turn)
 │   └── SessionFinished         409 code=session_finished (a turn for, or committed after, a finish)
@@ -159,3 +161,15 @@ class TemplateError(InvalidRequest):
     """The chat template raised on this conversation (e.g. roles that must alternate)."""
 
     default_code = "template_error"
+
+
+class JsonNestingTooDeep(InvalidRequest):
+    """A JSON value in the request nested deeper than proxy.json_limits.MAX_JSON_DEPTH."""
+
+    default_code = "json_too_deep"
+
+
+class PayloadTooLarge(ProxyError):
+    status_code = 413
+    error_type = "invalid_request_error"
+    default_code = "request_too_large"

@@ -15,9 +15,10 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import anyio
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 from proxy.chat.call_format import choose_parser
 from proxy.chat.messages import Message, canonical, key_of_canonical, reasoning_consistent
 from proxy.chat.parsing import OutputParser, ParsedOutput
-from proxy.chat.renderer import DeltaUnavailable, Renderer
+from proxy.chat.renderer import LARGE_TEXT_CHARS, Delta, DeltaUnavailable, PromptTooLong, Renderer
 from proxy.engines.base import Engine, FinishReason, Generation, SamplingParams
 from proxy.errors import (
     ClientClosedRequest,
@@ -36,13 +37,15 @@ from proxy.errors import (
     SessionFinished,
 )
 from proxy.store.codec import IdArray, pack_ids, pack_logprobs
-from proxy.store.prompts import ContextCache, Recorded, rebuild
+from proxy.store.prompts import ContextCache, Recorded, rebuild, text_chars
 from proxy.store.turn_store import ContinuedCall, NewCall, TurnStore, TurnWrite
 
 log = logging.getLogger("tito_proxy.turns")
 
 # How long an aborted engine request may take to answer with what it sampled before it is dropped.
 ABORT_ANSWER_S = 10.0
+
+_Rendered = TypeVar("_Rendered", list[int], Delta)
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,8 @@ class TurnRunner:
         self.parser = parser or choose_parser(renderer)[0]
         self.contexts = contexts or ContextCache()
         self._clock = clock
+        # Renders of large requests: two at a time, so they cannot take every core from the loop.
+        self._workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tito-render")
         # Sessions with a turn under way in this process: the idle sweep leaves them open.
         self.in_flight: Counter[str] = Counter()
 
@@ -332,7 +337,8 @@ class TurnRunner:
             *(plan.appended if plan.parent is not None else turn.request.messages),
             reply,
         ]
-        self.contexts.put(call_id, Recorded(context, conversation))
+        extends = plan.parent.id if plan.parent is not None else None
+        self.contexts.put(call_id, Recorded(context, conversation), extends=extends)
 
     def _new_call(
         self, turn: PreparedTurn, index: int, generation: Generation, status: str
@@ -440,15 +446,18 @@ class TurnRunner:
                 log.info("session %s: new segment: %s", parent.session_id, exc)
         if continued is not None and self.history_mode == "exact":
             return continued
-        prompt = np.asarray(
-            self.renderer.render_prompt(
+        rendered = await self._off_loop_if_large(
+            text_chars(request.messages),
+            functools.partial(
+                self.renderer.render_prompt,
                 request.messages,
                 tools=request.tools,
                 template_kwargs=request.template_kwargs,
                 now=template_now,
+                max_tokens=self.context_length,
             ),
-            dtype=np.int32,
         )
+        prompt = np.asarray(rendered, dtype=np.int32)
         if continued is not None and np.array_equal(continued.prompt, prompt):
             return continued  # template mode: the stream is exactly what a fresh render gives
         return PromptPlan(prompt=prompt, added=prompt, parent=None, boundary_edits=[])
@@ -464,12 +473,17 @@ class TurnRunner:
         refused = sorted({m["role"] for m in appended if not verdict.continues(m["role"])})
         if refused:
             raise DeltaUnavailable(f"the template self-test did not prove {', '.join(refused)} appends safe")
-        delta = self.renderer.render_delta(
-            parent.response_message,
-            appended,
-            tools=request.tools,
-            template_kwargs=request.template_kwargs,
-            now=template_now,
+        delta = await self._off_loop_if_large(
+            text_chars(appended),
+            functools.partial(
+                self.renderer.render_delta,
+                parent.response_message,
+                appended,
+                tools=request.tools,
+                template_kwargs=request.template_kwargs,
+                now=template_now,
+                max_tokens=self.context_length,
+            ),
         )
         recorded = await self._recorded(parent)
         context = recorded.ids
@@ -510,6 +524,30 @@ class TurnRunner:
             history=recorded.conversation,
             appended=list(appended),
         )
+
+    async def _off_loop_if_large(self, chars: int, render: Callable[[], _Rendered]) -> _Rendered:
+        """`render()`, on a worker thread when its messages are large: Jinja then shares the GIL in
+        5 ms slices and the encode releases it, so other sessions' turns go on. A typical turn's
+        render is cheaper than the hop, and stays here."""
+        try:
+            if chars < LARGE_TEXT_CHARS:
+                return render()
+            return await asyncio.get_running_loop().run_in_executor(self._workers, render)
+        except PromptTooLong as exc:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {self.context_length} tokens, but the prompt has "
+                f"more ({exc.tokens} tokens rendered).",
+                param="messages",
+            ) from exc
+
+    async def encode_prompt_text(self, text: str) -> list[int]:
+        """A /v1/completions text prompt as SGLang tokenizes it (the tokenizer's BOS included)."""
+        render = functools.partial(self.renderer.encode, text, at_most=self.context_length, special=True)
+        return await self._off_loop_if_large(len(text), render)
+
+    def close(self) -> None:
+        """Stop the render workers; a render still running ends on its own (it cannot be interrupted)."""
+        self._workers.shutdown(wait=False, cancel_futures=True)
 
     def _bounded_sampling(self, request: TurnRequest, prompt_len: int) -> SamplingParams:
         """The sampling parameters with max_new_tokens set, within the engine's own limits: a turn the

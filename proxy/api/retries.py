@@ -64,6 +64,10 @@ class RetryGuard:
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._holders: dict[tuple[str, str], int] = {}
 
+    def held(self) -> int:
+        """Identities with a request holding or awaiting their lock (the only ones kept)."""
+        return len(self._locks)
+
     @asynccontextmanager
     async def hold(self, session_id: str, identity: RetryIdentity | None) -> AsyncIterator[None]:
         if identity is None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from proxy.errors import InvalidRequest, UnsupportedParameter
+from proxy.json_limits import MAX_JSON_DEPTH, too_deep
 
 # Ids and cursors a database integer can hold (SQLite INTEGER, PostgreSQL BIGINT): a larger one is a
 # 400, not an overflow inside the query.
@@ -16,6 +18,19 @@ RowId = Annotated[int, Field(ge=0, le=MAX_DB_INTEGER)]
 # Each choice is its own engine request and branch; more than this is a batch job, not a turn.
 MAX_CHOICES = 64
 
+
+def shallow_json(value: Any) -> Any:
+    """A free-form JSON value within the nesting cap (proxy/json_limits.py), else a 400 json_too_deep."""
+    if too_deep(value):
+        raise PydanticCustomError(
+            "json_too_deep", "JSON nested deeper than {limit} levels", {"limit": MAX_JSON_DEPTH}
+        )
+    return value
+
+
+# Free-form JSON is checked where it enters: the typed parts of a body cannot nest.
+Shallow = BeforeValidator(shallow_json)
+
 # Fields that change nothing about the sample: accepted and not acted on.
 _INERT_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})
 
@@ -23,7 +38,7 @@ _INERT_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})
 class FunctionCall(BaseModel):
     model_config = ConfigDict(extra="ignore")
     name: str
-    arguments: str | dict[str, Any] = "{}"
+    arguments: Annotated[str | dict[str, Any], Shallow] = "{}"
 
 
 class ToolCall(BaseModel):
@@ -125,8 +140,15 @@ class SamplingRequest(BaseModel):
     stop: str | list[str] | None = None
     n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
     stream: bool | None = None
-    stream_options: dict[str, Any] | None = None
+    stream_options: Annotated[dict[str, Any] | None, Shallow] = None
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)  # int64, as SGLang and torch take it
+
+    @model_validator(mode="after")
+    def _shallow_extras(self) -> SamplingRequest:
+        # Accepted extra fields (metadata, user) are recorded with the request.
+        if self.model_extra:
+            shallow_json(self.model_extra)
+        return self
 
     @field_validator("stop")
     @classmethod
@@ -160,14 +182,14 @@ class SamplingRequest(BaseModel):
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[ToolDefinition] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: Annotated[list[ToolDefinition] | None, Shallow] = None
+    tool_choice: Annotated[str | dict[str, Any] | None, Shallow] = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    response_format: Annotated[dict[str, Any] | None, Shallow] = None
+    chat_template_kwargs: Annotated[dict[str, Any] | None, Shallow] = None
 
     def check_supported(self) -> None:
         super().check_supported()

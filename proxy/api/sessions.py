@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
 from proxy.api.deps import StateDep, check_session_id, new_session_id
 from proxy.api.groups import group_claim
-from proxy.api.schemas import RowId
+from proxy.api.schemas import RowId, Shallow
 from proxy.errors import Conflict, InvalidRequest, NotFound
 from proxy.export.branches import BranchFilter
 from proxy.export.samples import group_fields
@@ -26,7 +26,7 @@ router = APIRouter(prefix="/sessions", tags=["sessions"])
 class NewSession(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: Annotated[dict[str, Any], Shallow] = Field(default_factory=dict)
     # GRPO: the group this session is one sample of (see proxy/api/groups.py).
     group_id: str | None = None
     sample_index: int | None = Field(default=None, ge=0, le=2**31 - 1)

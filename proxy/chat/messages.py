@@ -9,6 +9,9 @@ from typing import Any, Literal
 
 import orjson
 
+from proxy.errors import JsonNestingTooDeep
+from proxy.json_limits import MAX_JSON_DEPTH, too_deep
+
 Message = dict[str, Any]
 
 # Set by a dialect on an echoed assistant message whose reasoning carries a seal we did not issue
@@ -17,13 +20,27 @@ UNVERIFIED_REASONING = "reasoning_unverified"
 
 
 def parse_arguments(arguments: Any) -> Any:
-    """Tool-call arguments as a value: OpenAI sends a JSON string, templates want the object."""
+    """Tool-call arguments as a value: OpenAI sends a JSON string, templates want the object.
+    Text that is not JSON stays text; JSON nested past the cap is refused (matching and rendering
+    walk it)."""
     if isinstance(arguments, str):
         try:
-            return orjson.loads(arguments)
-        except orjson.JSONDecodeError:
+            value = orjson.loads(arguments)
+        except orjson.JSONDecodeError as exc:
+            if "depth limit" in str(exc):
+                raise _too_deep() from exc
             return arguments
+        # Depth is at most the count of opening brackets: most arguments need no walk at all.
+        if arguments.count("[") + arguments.count("{") > MAX_JSON_DEPTH and too_deep(value):
+            raise _too_deep()
+        return value
     return arguments
+
+
+def _too_deep() -> JsonNestingTooDeep:
+    return JsonNestingTooDeep(
+        f"tool-call arguments are nested deeper than {MAX_JSON_DEPTH} levels", param="messages"
+    )
 
 
 CallsOnlyContent = Literal["none", "empty", "absent"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy.chat.messages import Message
+from proxy.json_limits import loads_bounded
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,9 @@ def _call(name: str, arguments: Any, call_id: str | None = None) -> dict[str, An
 
 
 def _value(raw: str) -> Any:
-    """An XML-style argument value: JSON when it parses, else the text itself."""
+    """An XML-style argument value: JSON when it parses (within the nesting cap), else the text itself."""
     try:
-        return json.loads(raw)
+        return loads_bounded(raw)
     except ValueError:
         return raw
 
@@ -104,7 +105,7 @@ def hermes_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
     calls = []
     for body in _HERMES.findall(text):
         try:
-            payload = json.loads(body)
+            payload = loads_bounded(body)
         except ValueError:
             return None
         if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
@@ -143,7 +144,7 @@ def llama3_json_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
     if not stripped.startswith("{"):
         return text, []
     try:
-        payload = json.loads(stripped)
+        payload = loads_bounded(stripped)
     except ValueError:
         return text, []  # ordinary content that happens to start with a brace
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
@@ -157,7 +158,7 @@ def mistral_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
         return text, []
     before, _, payload = text.partition("[TOOL_CALLS]")
     try:
-        items = json.loads(payload)
+        items = loads_bounded(payload)
     except ValueError:
         return None
     items = items if isinstance(items, list) else [items]
@@ -183,7 +184,7 @@ def deepseek_v3_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
         return None
     for call in calls:
         try:
-            json.loads(call["function"]["arguments"])
+            loads_bounded(call["function"]["arguments"])
         except ValueError:
             return None
     return text[: text.index(begin)].rstrip(), calls
@@ -207,7 +208,7 @@ def kimi_k2_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
     for call_id, arguments in _KIMI_CALL.findall(text[text.index(begin) : text.index(end)]):
         name = call_id.removeprefix("functions.").rpartition(":")[0]
         try:
-            json.loads(arguments)
+            loads_bounded(arguments)
         except ValueError:
             return None
         if not name:
@@ -232,7 +233,7 @@ def parse_harmony(text: str) -> ParsedOutput | None:
         recipient = re.search(r"to=functions\.([\w.-]+)", header)
         if recipient:
             try:
-                json.loads(body)
+                loads_bounded(body)
             except ValueError:
                 return None
             calls.append(_call(recipient.group(1), body))

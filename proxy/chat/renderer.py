@@ -10,6 +10,7 @@ What the served template allows is decided once by the start-up probe (proxy/cha
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,8 +40,33 @@ _SPLIT_SAMPLES = (
 )
 
 
+# Texts at least this long are encoded with the GIL released (`encode_batch`; `encode` holds it
+# throughout, ~1 us per character), so that a render on a worker thread leaves the event loop free.
+# Shorter ones, such as a typical appended tool result, take the direct call.
+LARGE_TEXT_CHARS = 8192
+
+
+# A text longer than this many characters per allowed token is first measured on such a prefix,
+# and refused when the prefix alone has a quarter more tokens than allowed.
+_PROBE_CHARS_PER_TOKEN = 6
+_PROBE_MARGIN = 1.25
+
+
+# The cache of encoded fixed bases: a base holds the tool list, which a request may make large.
+_HEADS = 256
+_HEAD_CHARS = 8 * 1024 * 1024
+
+
 class DeltaUnavailable(Exception):
     """The template does not let us compute a delta we can prove; start a new segment instead."""
+
+
+class PromptTooLong(Exception):
+    """A render holds more ids than a prompt can: found from the count, before the ids are built."""
+
+    def __init__(self, tokens: int) -> None:
+        super().__init__(f"{tokens} tokens")
+        self.tokens = tokens
 
 
 @dataclass(frozen=True)
@@ -65,6 +91,8 @@ class Renderer:
         self.arguments_as: Literal["object", "string"] = "object"
         self.calls_only_content: CallsOnlyContent = "empty"
         self._heads: dict[str, list[int]] = {}
+        self._head_chars = 0
+        self._heads_lock = threading.Lock()
         # Empty while the probe runs: it checks templates on full encodes only.
         self._splitting_closes: dict[str, int] = {}
         self.verdict: TemplateVerdict = TemplateProbe(self).run()
@@ -80,8 +108,28 @@ class Renderer:
     def vocab_size(self) -> int:
         return self.files.vocab_size
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+    def encode(self, text: str, *, at_most: int | None = None, special: bool = False) -> list[int]:
+        """The ids of `text` (`special`: with the tokenizer's own BOS/EOS); PromptTooLong past `at_most`
+        ids (checked on large texts, whose ids would hold the GIL long to build: a 10 MB message has
+        ~5M)."""
+        if len(text) < LARGE_TEXT_CHARS:
+            return list(self.tokenizer.encode(text, add_special_tokens=special).ids)
+        if at_most is not None and len(text) > _PROBE_CHARS_PER_TOKEN * at_most:
+            # Freeing an encoding takes the GIL for ~0.5 us per token (~0.8 s for a 10 MB message), so
+            # a text far too long is refused from a prefix: more text never has fewer tokens, and the
+            # margin covers what the cut changes at its end.
+            prefix = self._encoding(text[: _PROBE_CHARS_PER_TOKEN * at_most], special)
+            if len(prefix) > _PROBE_MARGIN * at_most:
+                raise PromptTooLong(len(prefix))
+        encoding = self._encoding(text, special)
+        if at_most is not None and len(encoding) > at_most:
+            raise PromptTooLong(len(encoding))
+        return list(encoding.ids)
+
+    def _encoding(self, text: str, special: bool) -> Any:
+        # encode_batch releases the GIL while it works; encode does not.
+        (encoding,) = self.tokenizer.encode_batch([text], add_special_tokens=special)
+        return encoding
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
@@ -133,8 +181,9 @@ class Renderer:
         template_kwargs: Mapping[str, Any] | None,
         now: datetime | None,
         add_generation_prompt: bool = True,
+        max_tokens: int | None = None,
     ) -> list[int]:
-        """The full render of a conversation: a new segment's first prompt."""
+        """The full render of a conversation: a new segment's first prompt (at most `max_tokens`)."""
         text = self.render_text(
             messages,
             tools=tools,
@@ -142,7 +191,7 @@ class Renderer:
             template_kwargs=template_kwargs,
             now=now,
         )
-        return self.encode(text)
+        return self.encode(text, at_most=max_tokens)
 
     def _render_with_stub(
         self,
@@ -195,24 +244,43 @@ class Renderer:
         tools: Sequence[Mapping[str, Any]] | None,
         template_kwargs: Mapping[str, Any] | None,
         now: datetime | None,
+        max_tokens: int | None = None,
     ) -> Delta:
-        """Ids a render puts after an assistant turn's close for `appended`, and the generation prompt."""
+        """Ids a render puts after an assistant turn's close for `appended`, and the generation prompt
+        (PromptTooLong when they alone are more than `max_tokens`)."""
         if not self.verdict.close_tokens:
             raise DeltaUnavailable("the template has no token that closes an assistant turn")
         text = self._render_with_stub(previous_assistant, appended, tools, template_kwargs, now)
         stub_at = text.rfind(STUB_CONTENT)
         if stub_at < 0:
             raise DeltaUnavailable("the assistant stub is missing from the fixed-base render")
-        return self.cut_after_close(text, stub_at + len(STUB_CONTENT))
+        return self.cut_after_close(text, stub_at + len(STUB_CONTENT), max_tokens=max_tokens)
 
     def _head_ids(self, head: str) -> list[int]:
-        """The fixed base up to the stub's close: the same few texts on every turn, so encoded once."""
+        """The fixed base up to the stub's close: the same few texts on every turn (one per tool list
+        and kwargs), so encoded once; at most _HEADS entries and _HEAD_CHARS characters are kept."""
         found = self._heads.get(head)
-        if found is None:
-            if len(self._heads) >= 256:
-                self._heads.pop(next(iter(self._heads)))
-            found = self._heads[head] = self.encode(head)
+        if found is not None:
+            return found
+        found = self.encode(head)
+        if len(head) <= _HEAD_CHARS // 8:
+            with self._heads_lock:  # large renders run on worker threads
+                while self._heads and (
+                    len(self._heads) >= _HEADS or self._head_chars + len(head) > _HEAD_CHARS
+                ):
+                    oldest = next(iter(self._heads))
+                    del self._heads[oldest]
+                    self._head_chars -= len(oldest)
+                if head not in self._heads:
+                    self._heads[head] = found
+                    self._head_chars += len(head)
         return found
+
+    def cached_heads(self) -> int:
+        return len(self._heads)
+
+    def cached_head_chars(self) -> int:
+        return self._head_chars
 
     def _closes_split_at(self) -> dict[str, int]:
         """The close tokens the tokenizer cuts its input at before anything else runs, with their ids.
@@ -247,9 +315,9 @@ class Renderer:
         from_close = self.encode(close + after)
         return from_close[:1] == [close_id] and whole == head + from_close[1:]
 
-    def cut_after_close(self, text: str, start: int) -> Delta:
+    def cut_after_close(self, text: str, start: int, *, max_tokens: int | None = None) -> Delta:
         """The ids of `text` after the first close token at or past `start`, trusted only when the
-        text up to that close encodes to a token prefix of the whole."""
+        text up to that close encodes to a token prefix of the whole (at most `max_tokens` of them)."""
         ends = [(at, close) for close in self.verdict.close_tokens if (at := text.find(close, start)) >= 0]
         if not ends:
             raise DeltaUnavailable("no close token after the assistant turn in the render")
@@ -257,11 +325,15 @@ class Renderer:
         close_id = self._splitting_closes.get(close)
         if close_id is not None:
             # The tokenizer cuts at this close (see _closes_split_at): its ids are a prefix boundary.
-            from_close = self.encode(text[close_at:])
+            from_close = self.encode(text[close_at:], at_most=_plus(max_tokens, 1))
             if from_close[:1] == [close_id]:
                 return Delta(ids=from_close[1:], close=close)
         head_ids = self._head_ids(text[: close_at + len(close)])
-        full_ids = self.encode(text)
+        full_ids = self.encode(text, at_most=_plus(max_tokens, len(head_ids)))
         if full_ids[: len(head_ids)] != head_ids:
             raise DeltaUnavailable("the render is not a token prefix at the assistant's close")
         return Delta(ids=full_ids[len(head_ids) :], close=close)
+
+
+def _plus(limit: int | None, extra: int) -> int | None:
+    return None if limit is None else limit + extra

@@ -7,6 +7,7 @@ byte-identical; tests assert that parity against transformers on every fixture t
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -22,6 +23,10 @@ from proxy.errors import TemplateError
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 _RENDER_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
 _JINJA_NAMES = ("loop", "caller", "varargs", "kwargs", "range", "dict", "lipsum", "cycler", "joiner")
+
+
+def _strftime_now(fmt: str, now: datetime | None = None) -> str:
+    return (now or datetime.now()).strftime(fmt)
 
 
 def _raise_exception(message: str) -> None:
@@ -88,21 +93,17 @@ class ChatTemplate:
     def __init__(self, source: str, special_tokens: Mapping[str, str]) -> None:
         self.source = source
         self._special_tokens = dict(special_tokens)
-        self._now: datetime | None = None
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
         )
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
-        env.globals["strftime_now"] = self._strftime_now
+        env.globals["strftime_now"] = _strftime_now
         env.globals["dict"] = dict
         env.globals["namespace"] = _Namespace
         self._ast = env.parse(source)
         self._compiled = env.from_string(self._ast)
         self._globals = frozenset(env.globals)
-
-    def _strftime_now(self, fmt: str) -> str:
-        return (self._now or datetime.now()).strftime(fmt)
 
     def optional_variables(self) -> frozenset[str]:
         """The names the template reads that nothing but a caller's chat_template_kwargs sets
@@ -133,7 +134,9 @@ class ChatTemplate:
         # dropped as transformers does, except a content the template needs to see as none.
         plain = [_alias_reasoning(m) for m in messages]
         variables: dict[str, Any] = {**self._special_tokens, **(template_kwargs or {})}
-        self._now = now
+        if now is not None:
+            # Per render, not on the instance: renders of large requests run on worker threads.
+            variables["strftime_now"] = functools.partial(_strftime_now, now=now)
         try:
             return self._compiled.render(
                 messages=plain,
@@ -150,5 +153,3 @@ class ChatTemplate:
             raise TemplateError(
                 f"the chat template failed on this conversation: {exc}", param="messages"
             ) from exc
-        finally:
-            self._now = None

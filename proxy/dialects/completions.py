@@ -26,12 +26,12 @@ from proxy.turns import TurnRequest, TurnResult
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OrjsonRoute)
 
 
-def _prompt_ids(body: CompletionRequest, state: AppState) -> list[int]:
+async def _prompt_ids(body: CompletionRequest, state: AppState) -> list[int]:
     prompt = body.single_prompt
     if isinstance(prompt, list):
         return prompt
     # As SGLang and vLLM tokenize a text prompt: the tokenizer's own special tokens (a BOS) included.
-    return list(state.renderer.tokenizer.encode(prompt, add_special_tokens=True).ids)
+    return await state.turns.encode_prompt_text(prompt)
 
 
 def _body(
@@ -76,7 +76,7 @@ async def completions(
 ) -> Response:
     session_id, _ = session
     body.check_supported()
-    prompt_ids = _prompt_ids(body, state)
+    prompt_ids = await _prompt_ids(body, state)
     identity = RetryIdentity.from_request(dict(http_request.headers), await http_request.body())
     top = body.logprobs or 0
     request = TurnRequest(

@@ -3,7 +3,8 @@ deltas calls store, and kept in a bounded cache.
 
 A call stores only the ids it added to its parent's prompt + output, and only the messages it
 appended to its parent's conversation. Both are rebuilt by walking the segment once, then cached;
-a cached entry is dropped when a child takes over, so memory holds about one per live branch.
+a cached entry is dropped when a child takes over, so memory holds about one per live branch, and
+the cache as a whole stays within 128 MiB and 50,000 entries (least recently used out first).
 """
 
 from __future__ import annotations
@@ -59,28 +60,65 @@ def chain_conversation(chain: Sequence[StoredCall]) -> list[dict[str, Any]]:
 
 
 class ContextCache:
-    def __init__(self, max_tokens: int = 64_000_000) -> None:
-        self._max_tokens = max_tokens
-        self._tokens = 0
-        self._entries: OrderedDict[int, Recorded] = OrderedDict()
+    """Recorded contexts by call id, least recently used first out, within `max_entries` entries and
+    about `max_bytes` bytes: the ids, plus the characters of the conversation's texts (a message a
+    child shares with its parent is counted in both, so the estimate errs high). An evicted context
+    is rebuilt from the database when its branch continues."""
+
+    def __init__(self, max_bytes: int = 128 * 1024 * 1024, max_entries: int = 50_000) -> None:
+        self._max_bytes = max_bytes
+        self._max_entries = max_entries
+        self.bytes = 0
+        self._entries: OrderedDict[int, tuple[Recorded, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def sizes(self) -> list[int]:
+        return [size for _, size in self._entries.values()]
 
     def get(self, call_id: int) -> Recorded | None:
         found = self._entries.get(call_id)
-        if found is not None:
-            self._entries.move_to_end(call_id)
-        return found
+        if found is None:
+            return None
+        self._entries.move_to_end(call_id)
+        return found[0]
 
-    def put(self, call_id: int, recorded: Recorded) -> None:
+    def put(self, call_id: int, recorded: Recorded, *, extends: int | None = None) -> None:
+        """Keep `recorded`; `extends`: a cached call whose conversation it continues, so that only
+        the new messages are measured (a turn then costs the same at turn 1 and turn 100)."""
+        base = self._entries.get(extends) if extends is not None else None
+        if base is not None and len(recorded.conversation) >= len(base[0].conversation):
+            known = len(base[0].conversation)
+            size = base[1] - base[0].ids.nbytes + recorded.ids.nbytes
+            size += text_chars(recorded.conversation[known:])
+        else:
+            size = recorded.ids.nbytes + text_chars(recorded.conversation)
         self.drop(call_id)
-        self._entries[call_id] = recorded
-        self._tokens += len(recorded.ids)
-        while self._tokens > self._max_tokens and len(self._entries) > 1:
+        if size > self._max_bytes:
+            return  # larger than the whole budget: rebuilt when needed, never kept
+        self._entries[call_id] = (recorded, size)
+        self.bytes += size
+        while self.bytes > self._max_bytes or len(self._entries) > self._max_entries:
             self.drop(next(iter(self._entries)))
 
     def drop(self, call_id: int) -> None:
         old = self._entries.pop(call_id, None)
         if old is not None:
-            self._tokens -= len(old.ids)
+            self.bytes -= old[1]
+
+
+def text_chars(messages: Sequence[dict[str, Any]]) -> int:
+    """The characters of the messages' texts: with the ids, what an entry holds (object headers aside)."""
+    size = 0
+    for message in messages:
+        for key in ("content", "reasoning_content"):
+            value = message.get(key)
+            if isinstance(value, str):
+                size += len(value)
+        for call in message.get("tool_calls") or ():
+            size += len(str((call.get("function") or {}).get("arguments", "")))
+    return size
 
 
 def rebuild(rows: Sequence[StoredCall], call_id: int) -> Recorded:
