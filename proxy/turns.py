@@ -472,8 +472,19 @@ class TurnRunner:
         text = self.renderer.decode(ids)
         matched = finish.matched_text if finish is not None else None
         if matched and matched in text:
-            text = text[: text.rfind(matched)]
+            text = text[: self._stop_string_at(ids, text, matched)]
         return text
+
+    def _stop_string_at(self, ids: list[int], text: str, matched: str) -> int:
+        """Where the engine's match of `matched` starts. The engine checks the decoded tail after each
+        token, so its match is the first occurrence that ends inside the last token: the last token
+        may hold the string twice, and the match may start in an earlier token."""
+        before = self.renderer.decode(ids[:-1])
+        # Characters of `text` decoded before the last token (a split UTF-8 character may differ).
+        pairs = zip(before, text, strict=False)
+        boundary = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(before), len(text)))
+        found = text.find(matched, max(0, boundary - len(matched) + 1))
+        return found if found >= 0 else text.find(matched)
 
     def parse(
         self, generation: Generation, *, reasoning_open: bool = False, parser: OutputParser | None = None
