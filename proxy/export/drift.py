@@ -1,9 +1,11 @@
 """Where a recorded token stream differs from a fresh chat-template render of the same messages.
 
 Both sequences are cut at special tokens and aligned piece by piece; every differing region is
-classified with a kind of chat-templates.md section 5 and the stream position where it starts.
-Kinds outside that list mean a bug (differences in non-assistant text or special-token structure)
-and are reported as `unclassified`.
+classified with a kind of chat-templates.md section 5 (or `system_relocated`) and the stream
+position where it starts. A region is classified by what differs in it, not by what it touches:
+only the assistant's own sampled text, whitespace and BPE splits may be canonicalized; a missing,
+extra or changed marker token (role, tool call, any added token) or non-assistant token is a bug,
+reported as `unclassified` at the position of the first such token.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import difflib
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 DriftMode = Literal["strict", "ignore_strippable", "disable"]
@@ -29,11 +31,25 @@ ALLOWED_KINDS = frozenset(
         "stop_token_rewrite",
         "truncation_close_synthesized",
         "date_changed",
+        "system_relocated",
     }
 )
 _DATE = re.compile(r"\d{1,4}[-/ ]\w{2,9}[-/ ]\d{2,4}")
 _THINK_TAGS = re.compile(r"</?think>")
 _EMPTY_THINK = re.compile(r"^\s*<think>\s*</think>\s*")
+_OPENS_THINK = re.compile(r"<think>\s*$")
+_CLOSES_THINK = re.compile(r"\s*</think>")
+# A reasoning block as the stream holds it: `<think>...</think>`, or a harmony analysis message up to
+# the next assistant header (the token alignment may leave its one `<|channel|>` on either side).
+_REASONING_BLOCKS = (
+    re.compile(r"<think>.*?</think>", re.DOTALL),
+    re.compile(
+        r"<\|channel\|>analysis<\|message\|>.*?<\|end\|><\|start\|>assistant(?!<\|channel\|>)", re.DOTALL
+    ),
+    re.compile(
+        r"(?<!<\|channel\|>)analysis<\|message\|>.*?<\|end\|><\|start\|>assistant<\|channel\|>", re.DOTALL
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -68,6 +84,8 @@ class StreamFacts:
     sampled: Sequence[bool]  # True where the engine produced the token (loss mask 1)
     synthesized: frozenset[int]  # positions of synthesized closes
     close_ids: frozenset[int]
+    # The conversation's system prompts: Mistral templates write them into the last user message only.
+    system_texts: tuple[str, ...] = ()
 
 
 def _pieces(ids: Sequence[int], specials: frozenset[int]) -> list[tuple[int, int]]:
@@ -94,9 +112,11 @@ def _whitespace_only(a: str, b: str) -> bool:
 
 
 class DriftClassifier:
-    def __init__(self, decode: Any, specials: frozenset[int]) -> None:
+    def __init__(self, decode: Any, specials: frozenset[int], markers: frozenset[int] = frozenset()) -> None:
         self._decode = decode
         self._specials = specials
+        # Tokens that carry structure (roles, tool calls, think tags): the specials and other added tokens.
+        self._markers = specials | markers
 
     def compare(self, stream: StreamFacts, render: Sequence[int]) -> list[Difference]:
         s_spans = _pieces(stream.ids, self._specials)
@@ -113,7 +133,7 @@ class DriftClassifier:
             r0 = r_spans[j0][0] if j0 < len(r_spans) else len(render)
             r1 = r_spans[j1 - 1][1] if j1 > j0 else r0
             differences.append(self._classify(stream, render, (s0, s1), (r0, r1)))
-        return differences
+        return _check_relocations(differences)
 
     def _classify(
         self, stream: StreamFacts, render: Sequence[int], span: tuple[int, int], render_span: tuple[int, int]
@@ -129,14 +149,15 @@ class DriftClassifier:
         # Judge the differing tokens only: a text piece also holds role headers and shared text.
         s_diff, r_diff = s_ids[common : len(s_ids) - tail], r_ids[common : len(r_ids) - tail]
         s_text, r_text = self._decode(s_diff), self._decode(r_diff)
-        whitespace = _whitespace_only(s_text, r_text)
+        # Judged on tokens: the same text in other ids (a BPE split) is not a whitespace difference.
+        whitespace = s_text != r_text and _whitespace_only(s_text, r_text)
         first, last = s0 + common, s0 + len(s_ids) - tail
         sampled = [stream.sampled[i] for i in range(first, last)] or [
             stream.sampled[min(first, len(stream.ids) - 1)]
         ]
 
-        def diff(kind: str) -> Difference:
-            return Difference(kind, first, s_text, r_text, whitespace)
+        def diff(kind: str, position: int = first) -> Difference:
+            return Difference(kind, position, s_text, r_text, whitespace)
 
         if not s_diff and s0 == len(stream.ids) and r1 == len(render):
             # After the last sampled close, a render may add a separator (and an EOS, as Phi-3 does).
@@ -151,26 +172,116 @@ class DriftClassifier:
         ):
             return diff("stop_token_rewrite")
         if any(sampled):
-            if not r_diff and last == len(stream.ids) and all(t in stream.close_ids for t in s_diff):
+            if (
+                s_diff
+                and not r_diff
+                and last == len(stream.ids)
+                and all(sampled)
+                and all(t in stream.close_ids for t in s_diff)
+            ):
                 return diff("stop_token_rewrite")  # GLM: the sampled opener that ended the last turn
             if s_text == r_text:
                 return diff("assistant_bpe" if all(sampled) else "gen_prompt_merge")
-            for longer, shorter in ((s_text, r_text), (r_text, s_text)):
-                wrapper = _EMPTY_THINK.match(longer)
-                if wrapper and longer[wrapper.end() :].strip() == shorter.strip():
-                    return diff("think_wrapper")
-            if ("</think>" in s_text and "</think>" not in r_text) or (
-                "analysis<|message|>" in s_text and "analysis<|message|>" not in r_text
-            ):
-                return diff("history_reasoning_stripped")
-            return diff("assistant_canonicalization")
+            kind = self._reasoning_kind(stream, first, s_diff, s_text, r_text)
+            if kind is not None:
+                return diff(kind)
+            unexplained = self._first_unexplained(stream, first, s_diff, r_diff)
+            if unexplained is None:
+                return diff("assistant_canonicalization")
+            return diff("unclassified", unexplained)
         before_sample = last < len(stream.ids) and stream.sampled[last]
         if before_sample and not _THINK_TAGS.sub("", s_text + r_text).strip():
             # The generation prompt pre-fills a think opener the history render writes differently.
             return diff("think_wrapper")
+        if _relocated_system(s_text, r_text, stream.system_texts):
+            return diff("system_relocated")
         if _DATE.sub("<date>", s_text) == _DATE.sub("<date>", r_text) != s_text:
             return diff("date_changed")
         return diff("unclassified")
+
+    def _reasoning_kind(
+        self, stream: StreamFacts, first: int, s_diff: list[int], s_text: str, r_text: str
+    ) -> str | None:
+        """An empty think block on one side only, or the stream's reasoning that a render strips,
+        with nothing else differing but whitespace."""
+        for longer, shorter in ((s_text, r_text), (r_text, s_text)):
+            wrapper = _EMPTY_THINK.match(longer)
+            if wrapper and longer[wrapper.end() :].strip() == shorter.strip():
+                return "think_wrapper"
+        # What the stream holds beyond the assistant's own tokens may only be a pre-filled think opener.
+        prompt_part = [t for i, t in enumerate(s_diff) if not stream.sampled[first + i]]
+        if _THINK_TAGS.sub("", self._decode(prompt_part)).strip():
+            return None
+        for block in _REASONING_BLOCKS:
+            rest, found = block.subn("", s_text, count=1)
+            if found and not block.search(r_text) and _whitespace_only(rest, r_text):
+                return "history_reasoning_stripped"
+        # The render keeps an empty think block (GLM, Nemotron): only the text inside it went.
+        before = self._decode(list(stream.ids[max(0, first - 4) : first]))
+        after = self._decode(list(stream.ids[first + len(s_diff) : first + len(s_diff) + 4]))
+        if (
+            not r_text.strip()
+            and _OPENS_THINK.search(before)
+            and _CLOSES_THINK.match(after)
+            and "<think>" not in s_text
+            and "</think>" not in s_text
+        ):
+            return "history_reasoning_stripped"
+        return None
+
+    def _first_unexplained(
+        self, stream: StreamFacts, first: int, s_diff: list[int], r_diff: list[int]
+    ) -> int | None:
+        """The stream position of the first token-level difference that is not a canonicalization of
+        the assistant's own text: a marker token on either side, a changed or lost non-assistant
+        token, or text the render adds away from the assistant's tokens. None if all are."""
+        matcher = difflib.SequenceMatcher(a=s_diff, b=r_diff, autojunk=False)
+        for op, a0, a1, b0, b1 in matcher.get_opcodes():
+            if op == "equal":
+                continue
+            s_part, r_part, at = s_diff[a0:a1], r_diff[b0:b1], first + a0
+            if any(t in self._markers for t in (*s_part, *r_part)):
+                return at
+            own = [stream.sampled[at + k] for k in range(len(s_part))]
+            if s_part and all(own):
+                continue
+            if any(own) and self._decode(s_part) == self._decode(r_part):
+                continue  # a prompt token fused with a sampled one in the render
+            if not s_part and _next_to_sampled(stream, at):
+                continue  # text the template writes into the assistant's turn (JSON spacing, newlines)
+            return at
+        return None
+
+
+def _next_to_sampled(stream: StreamFacts, at: int) -> bool:
+    return (at > 0 and stream.sampled[at - 1]) or (at < len(stream.ids) and stream.sampled[at])
+
+
+def _relocated_system(s_text: str, r_text: str, system_texts: Sequence[str]) -> bool:
+    """Exactly one system prompt (and the whitespace joining it to the user text) on one side only:
+    a Mistral template writes it into whichever user message is last."""
+    for system in system_texts:
+        if not system.strip():
+            continue
+        for longer, shorter in ((s_text, r_text), (r_text, s_text)):
+            if system in longer and longer.replace(system, "", 1).strip() == shorter.strip():
+                return True
+    return False
+
+
+def _check_relocations(differences: list[Difference]) -> list[Difference]:
+    """A relocation moves the system prompt forward: out of one user message of the stream, into at
+    most one later place of the render. Anything else (a stream without it, two copies) is a bug."""
+    moves = [i for i, d in enumerate(differences) if d.kind == "system_relocated"]
+    removed = [differences[i].position for i in moves if _has_system_in_stream(differences[i])]
+    added = [differences[i].position for i in moves if not _has_system_in_stream(differences[i])]
+    if not moves or (len(removed) == 1 and len(added) <= 1 and all(at > removed[0] for at in added)):
+        return differences
+    return [replace(d, kind="unclassified") if i in moves else d for i, d in enumerate(differences)]
+
+
+def _has_system_in_stream(difference: Difference) -> bool:
+    return len(difference.stream_text.strip()) > len(difference.render_text.strip())
 
 
 def report(differences: Sequence[Difference], mode: DriftMode, prompt_len: int) -> dict[str, Any]:

@@ -53,6 +53,13 @@ def _sampled_text(
     verdict = renderer.verdict
     stops = [renderer.decode([i]) for i in renderer.stop_token_ids]
     opened = ""
+    if not full.startswith(prompt) and messages[0]["role"] == "system":
+        # Mistral-Nemo writes the system prompt only into a user message that is last: the model's
+        # reply is what the template writes for the same turn without it.
+        bare = messages[1:]
+        bare_prompt = renderer.render_text(bare, tools=tools, add_generation_prompt=True)
+        if renderer.render_text([*bare, reply], tools=tools).startswith(bare_prompt):
+            return _sampled_text(renderer, bare, reply, tools, follower)
     if not full.startswith(prompt):
         # The generation prompt opens reasoning that the history render strips (DeepSeek, Nemotron):
         # the model closes the reasoning, then writes what the render shows for the turn.
