@@ -24,7 +24,7 @@ from proxy.chat.parsing import OutputParser, ParsedOutput, build_parser
 from proxy.chat.renderer import DeltaUnavailable, Renderer
 from proxy.engines.base import Engine, FinishReason, Generation, SamplingParams
 from proxy.errors import Conflict, ContextLengthExceeded, EngineError, InvalidRequest
-from proxy.store.codec import IdArray, pack_ids, pack_logprobs
+from proxy.store.codec import IdArray, pack_ids, pack_logprobs, unpack_ids
 from proxy.store.prompts import ContextCache, Recorded, rebuild
 from proxy.store.turn_store import ContinuedCall, NewCall, TurnStore, TurnWrite
 
@@ -422,6 +422,8 @@ class TurnRunner:
                     "rendered": close,
                 }
             )
+        elif _says_nothing(parent.response_message):
+            return await self._continue_empty(request, parent, appended, template_now, recorded)
         else:
             # The turn ended without its close (length, stop string, another stop token): the template
             # expects one, so it is synthesized with mask 0 (decision 3).
@@ -434,6 +436,38 @@ class TurnRunner:
             added=added_ids,
             parent=parent,
             boundary_edits=edits,
+            history=recorded.conversation,
+            appended=list(appended),
+        )
+
+    async def _continue_empty(
+        self,
+        request: TurnRequest,
+        parent: ContinuedCall,
+        appended: Sequence[Message],
+        template_now: datetime,
+        recorded: Recorded,
+    ) -> PromptPlan:
+        """After a turn that said nothing (no token, or a partial opener), continue only with what a
+        render of the empty reply writes after the generation prompt, starting with what was sampled;
+        a close synthesized there would be a structure no render produces."""
+        tail = self.renderer.render_after_empty_turn(
+            parent.response_message,
+            appended,
+            tools=request.tools,
+            template_kwargs=request.template_kwargs,
+            now=template_now,
+        )
+        rows = await self.store.segment_rows(parent.segment_id)
+        sampled = next(unpack_ids(row.output_ids).tolist() for row in rows if row.id == parent.id)
+        if tail[: len(sampled)] != sampled:
+            raise DeltaUnavailable("a render of the empty reply does not start with what was sampled")
+        added_ids = np.asarray(tail[len(sampled) :], dtype=np.int32)
+        return PromptPlan(
+            prompt=np.concatenate([recorded.ids, added_ids]),
+            added=added_ids,
+            parent=parent,
+            boundary_edits=[],
             history=recorded.conversation,
             appended=list(appended),
         )
@@ -492,6 +526,11 @@ class TurnRunner:
         return (parser or self.parser).parse(
             self.output_text(generation.output_ids, generation.finish), reasoning_open=reasoning_open
         )
+
+
+def _says_nothing(reply: Message) -> bool:
+    """An assistant reply without text, reasoning or calls: its turn was cut before it said anything."""
+    return not reply.get("content") and not reply.get("reasoning_content") and not reply.get("tool_calls")
 
 
 def _status(generation: Generation) -> str:
