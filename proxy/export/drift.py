@@ -232,25 +232,102 @@ class DriftClassifier:
     def _first_unexplained(
         self, stream: StreamFacts, first: int, s_diff: list[int], r_diff: list[int]
     ) -> int | None:
-        """The stream position of the first token-level difference that is not a canonicalization of
-        the assistant's own text: a marker token on either side, a changed or lost non-assistant
-        token, or text the render adds away from the assistant's tokens. None if all are."""
-        matcher = difflib.SequenceMatcher(a=s_diff, b=r_diff, autojunk=False)
-        for op, a0, a1, b0, b1 in matcher.get_opcodes():
-            if op == "equal":
-                continue
-            s_part, r_part, at = s_diff[a0:a1], r_diff[b0:b1], first + a0
-            if any(t in self._markers for t in (*s_part, *r_part)):
-                return at
-            own = [stream.sampled[at + k] for k in range(len(s_part))]
-            if s_part and all(own):
-                continue
-            if any(own) and self._decode(s_part) == self._decode(r_part):
-                continue  # a prompt token fused with a sampled one in the render
-            if not s_part and _next_to_sampled(stream, at):
-                continue  # text the template writes into the assistant's turn (JSON spacing, newlines)
-            return at
+        """The stream position of the first difference that is not a canonicalization of the
+        assistant's own text: a marker token missing, extra or changed, a changed or lost
+        non-assistant token, or text the render adds away from the assistant's tokens. None if all
+        are. Markers are paired first, so that text is only ever compared with its counterpart."""
+        positions = [first + k for k in range(len(s_diff))]
+        # Reasoning the stream holds and the render drops, an empty think block on either side, and
+        # the close and separator a render adds after a truncated last turn are not structure lost.
+        s_keep = self._without_think_blocks(s_diff, lambda k: self._own_or_think(stream, positions[k]))
+        r_keep = self._without_think_blocks(r_diff, lambda k: False)
+        if first + len(s_diff) == len(stream.ids) and stream.sampled[-1]:
+            while r_keep and (
+                r_diff[r_keep[-1]] in self._specials or not self._decode([r_diff[r_keep[-1]]]).strip()
+            ):
+                r_keep.pop()
+        s_marks = [n for n, k in enumerate(s_keep) if s_diff[k] in self._markers]
+        r_marks = [n for n, k in enumerate(r_keep) if r_diff[k] in self._markers]
+        s_seq, r_seq = [s_diff[s_keep[n]] for n in s_marks], [r_diff[r_keep[n]] for n in r_marks]
+        if s_seq != r_seq:
+            pairs = zip(s_seq, r_seq, strict=False)
+            k = next((n for n, (a, b) in enumerate(pairs) if a != b), min(len(s_seq), len(r_seq)))
+            if k < len(s_marks):
+                return positions[s_keep[s_marks[k]]]
+            return positions[s_keep[s_marks[k - 1]]] + 1 if k else first
+        s_bounds, r_bounds = [-1, *s_marks, len(s_keep)], [-1, *r_marks, len(r_keep)]
+        for n in range(len(s_bounds) - 1):
+            kept = s_keep[s_bounds[n] + 1 : s_bounds[n + 1]]
+            anchor = positions[s_keep[s_bounds[n]]] + 1 if n else first
+            s_part = [s_diff[k] for k in kept]
+            r_part = [r_diff[k] for k in r_keep[r_bounds[n] + 1 : r_bounds[n + 1]]]
+            bad = self._text_unexplained(stream, [positions[k] for k in kept], anchor, s_part, r_part)
+            if bad is not None:
+                return bad
         return None
+
+    def _own_or_think(self, stream: StreamFacts, position: int) -> bool:
+        """Sampled, or part of a think opener the generation prompt pre-filled."""
+        return (
+            stream.sampled[position] or not _THINK_TAGS.sub("", self._decode([stream.ids[position]])).strip()
+        )
+
+    def _without_think_blocks(self, tokens: list[int], removable: Any) -> list[int]:
+        """Indices of `tokens` without `<think>...</think>` blocks that are empty, or whose every token
+        is `removable`."""
+        keep = list(range(len(tokens)))
+        texts = [self._decode([t]) if t in self._markers else "" for t in tokens]
+        for opener in [k for k, text in enumerate(texts) if text == "<think>"]:
+            closer = next((k for k in range(opener + 1, len(tokens)) if texts[k] == "</think>"), None)
+            if closer is None:
+                continue
+            span = range(opener, closer + 1)
+            empty = not self._decode(tokens[opener + 1 : closer]).strip()
+            if (empty or all(removable(k) for k in span)) and all(k in keep for k in span):
+                keep = [k for k in keep if k not in span]
+        return keep
+
+    def _prompt_text_kept(self, s_sub: list[int], own: list[bool], r_sub: list[int]) -> bool:
+        """Prompt tokens around the assistant's own tokens whose text the render keeps as it is: only
+        the split into tokens and the assistant's text differ."""
+        run = _split_own(own)
+        if run is None:
+            return False
+        before, after = self._decode(s_sub[: run[0]]), self._decode(s_sub[run[1] :])
+        text = self._decode(r_sub)
+        return len(text) >= len(before) + len(after) and text.startswith(before) and text.endswith(after)
+
+    def _text_unexplained(
+        self, stream: StreamFacts, positions: list[int], anchor: int, s_part: list[int], r_part: list[int]
+    ) -> int | None:
+        """Where two marker-free texts differ in more than the assistant's own tokens, or None.
+        `positions` are the stream positions of `s_part`, `anchor` where it starts. Judged on the
+        differing middle as a whole: a token-level alignment of BPE pieces is arbitrary."""
+        head = 0
+        while head < min(len(s_part), len(r_part)) and s_part[head] == r_part[head]:
+            head += 1
+        tail = 0
+        while tail < min(len(s_part), len(r_part)) - head and s_part[-1 - tail] == r_part[-1 - tail]:
+            tail += 1
+        s_mid, r_mid = s_part[head : len(s_part) - tail], r_part[head : len(r_part) - tail]
+        at_mid = positions[head : len(positions) - tail]
+        if not s_mid:
+            if not r_mid:
+                return None
+            at = positions[head] if head < len(positions) else (positions[-1] + 1 if positions else anchor)
+            # Text the template writes into the assistant's turn (JSON spacing, newlines).
+            return None if _next_to_sampled(stream, at) else at
+        own = [stream.sampled[p] for p in at_mid]
+        if all(own) or (any(own) and self._prompt_text_kept(s_mid, own, r_mid)):
+            return None  # the assistant's text, and prompt tokens fused with it whose text is kept
+        return at_mid[own.index(False)]
+
+
+def _split_own(own: list[bool]) -> tuple[int, int] | None:
+    """(start, end) of the sampled run when `own` is prompt tokens, sampled ones, prompt tokens."""
+    start = own.index(True)
+    end = len(own) - own[::-1].index(True)
+    return (start, end) if all(own[start:end]) else None
 
 
 def _next_to_sampled(stream: StreamFacts, at: int) -> bool:

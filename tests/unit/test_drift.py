@@ -311,3 +311,42 @@ def test_only_a_system_prompt_moving_forward_is_a_relocation(family_root: Path) 
     stream = _stream(tok, parts, "</s>", (SYSTEM,))
     render = _enc(tok, "<s>[INST] Weather?[/INST] Sunny.</s>[INST] And tomorrow?[/INST] Rain.</s>")
     assert _kinds(classifier.compare(stream, render)) == ["unclassified", "unclassified"]
+
+
+def test_combined_legit_drift_stays_allowed(tok: Tokenizer) -> None:
+    """Legit differences that share one region: each part is judged on its own."""
+    specials = frozenset(int(i) for i, t in tok.get_added_tokens_decoder().items() if t.special)
+    added = frozenset(int(i) for i in tok.get_added_tokens_decoder())
+    classifier = DriftClassifier(lambda ids: tok.decode(ids, skip_special_tokens=False), specials, added)
+    prompt = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"
+    call = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    # The render adds an empty think block and trims the assistant's trailing space.
+    stream = _stream(tok, [(prompt, False), (f"0 \n{call}<|im_end|>", True)], "<|im_end|>")
+    render = _enc(tok, f"{prompt}<think>\n\n</think>\n\n0\n{call}<|im_end|>")
+    assert [d.allowed for d in classifier.compare(stream, render)] == [True]
+    # The prompt's last newline fuses with sampled ones, and the assistant's text is trimmed.
+    stream = _stream(tok, [(prompt, False), (f"\n\n! \n{call}<|im_end|>", True)], "<|im_end|>")
+    render = _enc(tok, f"{prompt}\n\n!\n{call}<|im_end|>")
+    assert [d.allowed for d in classifier.compare(stream, render)] == [True]
+    stream = _stream(tok, [(prompt, False), ("\n0 \n<|im_end|>", True)], "<|im_end|>")
+    render = _enc(tok, f"{prompt}\n\n0\n<|im_end|>\n")  # the prompt's "\n" fuses into one "\n\n\n"
+    assert [d.allowed for d in classifier.compare(stream, render)] == [True, True]
+    # Reasoning stripped and the call's JSON re-serialized in the same region.
+    stream = _stream(
+        tok,
+        [
+            (prompt, False),
+            (
+                '<think>\nplan\n</think>\n\n<tool_call>\n{"name":"f","arguments":{}}\n</tool_call><|im_end|>',
+                True,
+            ),
+        ],
+        "<|im_end|>",
+    )
+    assert [d.allowed for d in classifier.compare(stream, _enc(tok, f"{prompt}{call}<|im_end|>"))] == [True]
+    # A last turn cut inside a UTF-8 character: the render re-encodes it and closes the turn.
+    head, cut = _enc(tok, prompt), _enc(tok, "ok \U000f506b")[:-2]  # two of its four byte tokens
+    sampled = [False] * len(head) + [True] * len(cut)
+    facts = StreamFacts([*head, *cut], sampled, frozenset(), frozenset({token_id(tok, "<|im_end|>")}))
+    render = _enc(tok, prompt + tok.decode(cut) + "<|im_end|>\n")
+    assert all(d.allowed for d in classifier.compare(facts, render))
