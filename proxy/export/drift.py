@@ -37,6 +37,8 @@ ALLOWED_KINDS = frozenset(
 _DATE = re.compile(r"\d{1,4}[-/ ]\w{2,9}[-/ ]\d{2,4}")
 _THINK_TAGS = re.compile(r"</?think>")
 _EMPTY_THINK = re.compile(r"^\s*<think>\s*</think>\s*")
+_OPEN_REASONING_CLOSED = re.compile(r"\s*</think>\s*$")
+_UNCLOSED_THINK = re.compile(r"\s*<think>(?:(?!</think>).)*", re.DOTALL)
 _OPENS_THINK = re.compile(r"<think>\s*$")
 _CLOSES_THINK = re.compile(r"\s*</think>")
 # A reasoning block as the stream holds it: `<think>...</think>`, or a harmony analysis message up to
@@ -165,6 +167,9 @@ class DriftClassifier:
             return diff("final_separator_absent" if tail_ok else "unclassified")
         if s_diff and all(i in stream.synthesized for i in range(first, last)) and not r_diff:
             return diff("truncation_close_synthesized")
+        if not s_diff and last in stream.synthesized and _OPEN_REASONING_CLOSED.match(r_text):
+            # The render also ends the reasoning a truncated turn left open, before the close.
+            return diff("truncation_close_synthesized")
         if (
             len(s_diff) == 1 == len(r_diff)
             and s_diff[0] in stream.close_ids
@@ -212,6 +217,13 @@ class DriftClassifier:
         prompt_part = [t for i, t in enumerate(s_diff) if not stream.sampled[first + i]]
         if _THINK_TAGS.sub("", self._decode(prompt_part)).strip():
             return None
+        after_turn = first + len(s_diff)
+        if (
+            (after_turn == len(stream.ids) or stream.ids[after_turn] in stream.close_ids)
+            and _UNCLOSED_THINK.fullmatch(s_text)
+            and not r_text.strip()
+        ):
+            return "history_reasoning_stripped"  # reasoning cut by max_tokens, dropped by the render
         for block in _REASONING_BLOCKS:
             rest, found = block.subn("", s_text, count=1)
             if found and not block.search(r_text) and _whitespace_only(rest, r_text):
@@ -242,10 +254,7 @@ class DriftClassifier:
         s_keep = self._without_think_blocks(s_diff, lambda k: self._own_or_think(stream, positions[k]))
         r_keep = self._without_think_blocks(r_diff, lambda k: False)
         if first + len(s_diff) == len(stream.ids) and stream.sampled[-1]:
-            while r_keep and (
-                r_diff[r_keep[-1]] in self._specials or not self._decode([r_diff[r_keep[-1]]]).strip()
-            ):
-                r_keep.pop()
+            self._trim_truncation_tail(s_diff, r_diff, r_keep)
         s_marks = [n for n, k in enumerate(s_keep) if s_diff[k] in self._markers]
         r_marks = [n for n, k in enumerate(r_keep) if r_diff[k] in self._markers]
         s_seq, r_seq = [s_diff[s_keep[n]] for n in s_marks], [r_diff[r_keep[n]] for n in r_marks]
@@ -265,6 +274,21 @@ class DriftClassifier:
             if bad is not None:
                 return bad
         return None
+
+    def _trim_truncation_tail(self, s_diff: list[int], r_diff: list[int], r_keep: list[int]) -> None:
+        """Drop from `r_keep` what a render writes after a last turn cut short: its close, a
+        separator, and the end of reasoning the stream left open."""
+        texts = [self._decode([t]) for t in r_diff]
+        open_reasoning = self._decode(s_diff).count("</think>") < "".join(texts).count("</think>")
+        while r_keep:
+            text = texts[r_keep[-1]]
+            if r_diff[r_keep[-1]] in self._specials or not text.strip():
+                r_keep.pop()
+            elif text == "</think>" and open_reasoning:
+                r_keep.pop()
+                open_reasoning = False
+            else:
+                return
 
     def _own_or_think(self, stream: StreamFacts, position: int) -> bool:
         """Sampled, or part of a think opener the generation prompt pre-filled."""

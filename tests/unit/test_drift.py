@@ -350,3 +350,34 @@ def test_combined_legit_drift_stays_allowed(tok: Tokenizer) -> None:
     facts = StreamFacts([*head, *cut], sampled, frozenset(), frozenset({token_id(tok, "<|im_end|>")}))
     render = _enc(tok, prompt + tok.decode(cut) + "<|im_end|>\n")
     assert all(d.allowed for d in classifier.compare(facts, render))
+
+
+def test_reasoning_cut_by_max_tokens_stays_allowed(tok: Tokenizer) -> None:
+    classifier, close = _setup(tok)
+    prompt = _enc(tok, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")
+    cut = _enc(tok, "<think>\nplan")
+    # The last turn: the render ends the open reasoning and closes the turn.
+    stream = [*prompt, *cut]
+    render = _enc(
+        tok, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\nplan\n</think>\n\n<|im_end|>\n"
+    )
+    assert all(d.allowed for d in classifier.compare(_facts(stream, len(prompt), len(stream), close), render))
+    # Continued with a synthesized close, then rendered without the reasoning.
+    tail = _enc(tok, "<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n")
+    stream = [*prompt, *cut, close, *_enc(tok, "\n"), *tail, *_enc(tok, "ok"), close]
+    facts = StreamFacts(
+        stream,
+        [False] * len(prompt) + [True] * len(cut) + [False] * (2 + len(tail)) + [True] * 2,
+        frozenset({len(prompt) + len(cut)}),
+        frozenset({close}),
+    )
+    render = [*prompt, close, *_enc(tok, "\n"), *tail, *_enc(tok, "ok"), close]
+    assert [d.kind for d in classifier.compare(facts, render)] == ["history_reasoning_stripped"]
+
+
+def test_a_last_turn_cut_after_its_reasoning_stays_allowed(tok: Tokenizer) -> None:
+    classifier, close = _setup(tok)
+    prompt = _enc(tok, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")
+    stream = [*prompt, *_enc(tok, "<think>\nplan\n\n</think>")]
+    render = [*prompt, *_enc(tok, "<think>\nplan\n</think>\n\n<|im_end|>\n")]
+    assert all(d.allowed for d in classifier.compare(_facts(stream, len(prompt), len(stream), close), render))
