@@ -36,7 +36,7 @@ from proxy.errors import (
     ProxyError,
     SessionFinished,
 )
-from proxy.store.codec import IdArray, pack_ids, pack_logprobs
+from proxy.store.codec import IdArray, pack_ids, pack_logprobs, unpack_ids
 from proxy.store.prompts import ContextCache, Recorded, rebuild, text_chars
 from proxy.store.turn_store import ContinuedCall, NewCall, TurnStore, TurnWrite
 
@@ -509,6 +509,8 @@ class TurnRunner:
                     "rendered": close,
                 }
             )
+        elif _says_nothing(parent.response_message):
+            return await self._continue_empty(request, parent, appended, template_now, recorded)
         else:
             # The turn ended without its close (length, stop string, another stop token): the template
             # expects one, so it is synthesized with mask 0 (decision 3).
@@ -521,6 +523,38 @@ class TurnRunner:
             added=added_ids,
             parent=parent,
             boundary_edits=edits,
+            history=recorded.conversation,
+            appended=list(appended),
+        )
+
+    async def _continue_empty(
+        self,
+        request: TurnRequest,
+        parent: ContinuedCall,
+        appended: Sequence[Message],
+        template_now: datetime,
+        recorded: Recorded,
+    ) -> PromptPlan:
+        """After a turn that said nothing (no token, or a partial opener), continue only with what a
+        render of the empty reply writes after the generation prompt, starting with what was sampled;
+        a close synthesized there would be a structure no render produces."""
+        tail = self.renderer.render_after_empty_turn(
+            parent.response_message,
+            appended,
+            tools=request.tools,
+            template_kwargs=request.template_kwargs,
+            now=template_now,
+        )
+        rows = await self.store.segment_rows(parent.segment_id)
+        sampled = next(unpack_ids(row.output_ids).tolist() for row in rows if row.id == parent.id)
+        if tail[: len(sampled)] != sampled:
+            raise DeltaUnavailable("a render of the empty reply does not start with what was sampled")
+        added_ids = np.asarray(tail[len(sampled) :], dtype=np.int32)
+        return PromptPlan(
+            prompt=np.concatenate([recorded.ids, added_ids]),
+            added=added_ids,
+            parent=parent,
+            boundary_edits=[],
             history=recorded.conversation,
             appended=list(appended),
         )
@@ -591,8 +625,19 @@ class TurnRunner:
         text = self.renderer.decode(ids)
         matched = finish.matched_text if finish is not None else None
         if matched and matched in text:
-            text = text[: text.rfind(matched)]
+            text = text[: self._stop_string_at(ids, text, matched)]
         return text
+
+    def _stop_string_at(self, ids: list[int], text: str, matched: str) -> int:
+        """Where the engine's match of `matched` starts. The engine checks the decoded tail after each
+        token, so its match is the first occurrence that ends inside the last token: the last token
+        may hold the string twice, and the match may start in an earlier token."""
+        before = self.renderer.decode(ids[:-1])
+        # Characters of `text` decoded before the last token (a split UTF-8 character may differ).
+        pairs = zip(before, text, strict=False)
+        boundary = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(before), len(text)))
+        found = text.find(matched, max(0, boundary - len(matched) + 1))
+        return found if found >= 0 else text.find(matched)
 
     def parse(
         self, generation: Generation, *, reasoning_open: bool = False, parser: OutputParser | None = None
@@ -600,6 +645,11 @@ class TurnRunner:
         return (parser or self.parser).parse(
             self.output_text(generation.output_ids, generation.finish), reasoning_open=reasoning_open
         )
+
+
+def _says_nothing(reply: Message) -> bool:
+    """An assistant reply without text, reasoning or calls: its turn was cut before it said anything."""
+    return not reply.get("content") and not reply.get("reasoning_content") and not reply.get("tool_calls")
 
 
 def _status(generation: Generation) -> str:

@@ -179,6 +179,23 @@ FAMILIES: dict[str, Family] = {
             user_appends_continue=False,
             system_appends_continue=False,
         ),
+        Family(
+            "mistral_nemo_style",
+            "mistral_nemo_style",
+            eos="</s>",
+            bos="<s>",
+            specials=(
+                "<s>",
+                "</s>",
+                "[INST]",
+                "[/INST]",
+                "[TOOL_CALLS]",
+                "[TOOL_RESULTS]",
+                "[/TOOL_RESULTS]",
+            ),
+            user_appends_continue=False,
+            system_appends_continue=False,
+        ),
     ]
 }
 
@@ -206,6 +223,13 @@ MISTRAL_STYLE = """
 {%- endif %}
 {%- endfor %}
 """
+
+# Like Mistral-Nemo's: the system prompt goes into a user message only when it is the very last
+# message, so a history render that ends with the assistant's reply holds no system prompt at all.
+MISTRAL_NEMO_STYLE = MISTRAL_STYLE.replace(
+    "loop.index0 == ns.last_user and system_message is defined", "loop.last and system_message is defined"
+)
+OWN_TEMPLATES = {"mistral_style": MISTRAL_STYLE, "mistral_nemo_style": MISTRAL_NEMO_STYLE}
 
 
 # Written for these tests after Mistral-Nemo-Instruct-2407's template, whose behaviour it keeps (no
@@ -286,7 +310,7 @@ MISTRAL_NEMO_FAMILY = Family(
     user_appends_continue=False,
     system_appends_continue=False,
 )
-_OWN_TEMPLATES = {"mistral_style": MISTRAL_STYLE, "mistral_nemo": MISTRAL_NEMO}
+OWN_TEMPLATES["mistral_nemo"] = MISTRAL_NEMO
 
 
 def build_tokenizer_dir(family: Family, target: Path) -> Path:
@@ -303,7 +327,7 @@ def build_tokenizer_dir(family: Family, target: Path) -> Path:
     tokenizer.save(str(target / "tokenizer.json"))
     config: dict[str, object] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": _OWN_TEMPLATES.get(family.template) or trl_template(family.template),
+        "chat_template": OWN_TEMPLATES.get(family.template) or trl_template(family.template),
         "eos_token": family.eos,
         "bos_token": family.bos,
         "pad_token": "<|endoftext|>",

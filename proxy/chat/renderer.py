@@ -256,6 +256,35 @@ class Renderer:
             raise DeltaUnavailable("the assistant stub is missing from the fixed-base render")
         return self.cut_after_close(text, stub_at + len(STUB_CONTENT), max_tokens=max_tokens)
 
+    def render_after_empty_turn(
+        self,
+        empty_reply: Message,
+        appended: Sequence[Message],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None,
+        template_kwargs: Mapping[str, Any] | None,
+        now: datetime | None,
+    ) -> list[int]:
+        """Ids a render puts after the generation prompt for an assistant turn that said nothing,
+        then `appended` and the next generation prompt, in the fixed-base context. A turn without
+        text has no close of its own to cut after: only the template knows what it writes there."""
+        base: list[Message] = [
+            {"role": "system", "content": BASE_SYSTEM},
+            {"role": "user", "content": BASE_USER},
+        ]
+        kwargs: dict[str, Any] = {"tools": tools, "template_kwargs": template_kwargs, "now": now}
+        try:
+            head = self.render_text(base, add_generation_prompt=True, **kwargs)
+            full = self.render_text([*base, empty_reply, *appended], add_generation_prompt=True, **kwargs)
+        except TemplateError as exc:
+            raise DeltaUnavailable(f"the template does not render an empty assistant turn: {exc}") from exc
+        head_ids, full_ids = self.encode(head), self.encode(full)
+        if full_ids[: len(head_ids)] != head_ids:
+            raise DeltaUnavailable(
+                "an empty assistant turn does not follow the generation prompt in a render"
+            )
+        return full_ids[len(head_ids) :]
+
     def _head_ids(self, head: str) -> list[int]:
         """The fixed base up to the stub's close: the same few texts on every turn (one per tool list
         and kwargs), so encoded once; at most _HEADS entries and _HEAD_CHARS characters are kept."""

@@ -53,8 +53,10 @@ class StreamedMessage:
     def _view(self, text: str) -> tuple[str, str]:
         """Reasoning and content that every continuation of `text` starts with."""
         text = text.removesuffix("\ufffd")  # half of a UTF-8 character
-        # Text that may be the start of a stop string is not the turn's text until the engine says so.
-        text = _hold_marker_prefix(text, self.stop_strings)
+        # Nothing from a stop string on is the turn's text; neither is text that may start one, until
+        # the engine says so.
+        found = [at for stop in self.stop_strings if (at := text.find(stop)) >= 0]
+        text = _hold_marker_prefix(text[: min(found)] if found else text, self.stop_strings)
         if self._buffer_all:
             return "", ""
         rest = text

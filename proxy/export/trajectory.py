@@ -114,9 +114,18 @@ def drift_report(
         sampled=[False] * prompt_len + [m == 1 for m in trajectory.loss_mask],
         synthesized=synthesized,
         close_ids=renderer.close_token_ids,
+        system_texts=tuple(_text_of(m) for m in messages if m.get("role") in ("system", "developer")),
     )
-    differences = DriftClassifier(renderer.decode, renderer.special_ids).compare(facts, render)
+    added = frozenset(int(i) for i in renderer.tokenizer.get_added_tokens_decoder())
+    differences = DriftClassifier(renderer.decode, renderer.special_ids, added).compare(facts, render)
     return report(differences, mode, prompt_len)
+
+
+def _text_of(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ""
 
 
 def build_trajectories(

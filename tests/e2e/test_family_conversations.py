@@ -8,6 +8,7 @@ prove safe must open new segments, and the drift report must explain every diffe
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,13 @@ def _sampled_text(
     verdict = renderer.verdict
     stops = [renderer.decode([i]) for i in renderer.stop_token_ids]
     opened = ""
+    if not full.startswith(prompt) and messages[0]["role"] == "system":
+        # Mistral-Nemo writes the system prompt only into a user message that is last: the model's
+        # reply is what the template writes for the same turn without it.
+        bare = messages[1:]
+        bare_prompt = renderer.render_text(bare, tools=tools, add_generation_prompt=True)
+        if renderer.render_text([*bare, reply], tools=tools).startswith(bare_prompt):
+            return _sampled_text(renderer, bare, reply, tools, follower)
     if not full.startswith(prompt):
         # The generation prompt opens reasoning that the history render strips (DeepSeek, Nemotron):
         # the model closes the reasoning, then writes what the render shows for the turn.
@@ -216,3 +224,54 @@ def test_glm_turn_ended_by_another_opener_than_what_follows_splits(
     )
     segments = httpx.get(f"{url}/sessions/glm/trajectory").json()["segments"]
     assert [s["num_calls"] for s in segments] == [2, 1]
+
+
+EMPTY_TURNS = [
+    # (family, what the engine samples before max_tokens cuts it: nothing, or a partial opener)
+    ("gpt_oss", ""),
+    ("gpt_oss", "<|channel|>"),
+    ("glm4_moe", ""),
+    ("glm4_moe", "\n<think>"),
+    ("deepseek_r1", ""),
+    ("qwen3", ""),
+    ("qwen3", "<think>"),
+    ("qwen2_5", ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("family_proxy", "sampled"),
+    EMPTY_TURNS,
+    indirect=["family_proxy"],
+    ids=[f"{f}-{s!r}" for f, s in EMPTY_TURNS],
+)
+def test_an_empty_turn_continued_is_what_a_render_of_an_empty_reply_gives(
+    family_proxy: tuple[str, FakeSGLang, Renderer], sampled: str
+) -> None:
+    """A turn cut before it said anything, then a user message: the next prompt is what the template
+    writes for an empty assistant reply (continuing, or in a new segment), never a close synthesized
+    right after the generation prompt or after a dangling opener."""
+    url, engine, renderer = family_proxy
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Hi"}]
+    ids = renderer.encode(sampled)
+    # Nothing at all (the engine ends the turn with no token), or a partial opener cut by max_tokens.
+    engine.push([*ids, *renderer.encode(" and more")] if ids else [])
+    body = {"model": "m", "messages": messages, "max_tokens": len(ids) or 5}
+    first = httpx.post(f"{url}/sessions/empty/v1/chat/completions", json=body, timeout=30).json()
+    assert first["choices"][0]["finish_reason"] == "length"
+    message = first["choices"][0]["message"]
+    assert not message.get("content")
+    assert not message.get("tool_calls")
+    messages += [message, {"role": "user", "content": "Go on"}]
+    answer = {"role": "assistant", "content": "Sure."}
+    engine.push(renderer.encode(_sampled_text(renderer, messages, answer, None, "user")))
+    response = httpx.post(
+        f"{url}/sessions/empty/v1/chat/completions", json={"model": "m", "messages": messages}, timeout=30
+    )
+    assert response.status_code == 200, response.text
+    fresh = renderer.render_prompt(messages, tools=None, template_kwargs=None, now=datetime.now())
+    assert renderer.decode(engine.requests[1]["input_ids"]) == renderer.decode(fresh)
+    assert engine.requests[1]["input_ids"] == fresh
+    # The segment the second turn belongs to explains every difference from a render.
+    last = httpx.get(f"{url}/sessions/empty/trajectory").json()["segments"][-1]
+    assert last["drift"]["unclassified"] == 0, last["drift"]

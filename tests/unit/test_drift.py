@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from proxy.export.drift import DriftClassifier, StreamFacts, report
+from proxy.export.drift import Difference, DriftClassifier, StreamFacts, report
+from tests.families import DEEPSEEK_SPECIALS, FAMILIES, build_tokenizer_dir
 from tests.support import token_id
 
 
@@ -92,3 +93,291 @@ def test_a_synthesized_close_is_named(tok: Tokenizer) -> None:
     [difference] = classifier.compare(facts, head)
     assert difference.kind == "truncation_close_synthesized"
     assert difference.position == len(head)
+
+
+# Structure, not proximity to a sampled token, decides: each family's own markers, real templates' text.
+
+
+@pytest.fixture(scope="module")
+def family_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("drift-families")
+
+
+def _family(
+    root: Path, name: str, *, specials_only: tuple[str, ...] = ()
+) -> tuple[Tokenizer, DriftClassifier]:
+    """A family's tokenizer and a classifier with its specials (or only `specials_only`, as a real
+    tokenizer that registers the other markers as ordinary added tokens) and every added token."""
+    tok = Tokenizer.from_file(str(build_tokenizer_dir(FAMILIES[name], root / name) / "tokenizer.json"))
+    decoder = tok.get_added_tokens_decoder()
+    specials = frozenset(
+        int(i) for i, t in decoder.items() if t.special and (not specials_only or t.content in specials_only)
+    )
+    added = frozenset(int(i) for i in decoder)
+    return tok, DriftClassifier(lambda ids: tok.decode(ids, skip_special_tokens=False), specials, added)
+
+
+def _stream(
+    tok: Tokenizer, parts: list[tuple[str, bool]], closes: str, systems: tuple[str, ...] = ()
+) -> StreamFacts:
+    """Stream facts from (text, sampled) parts, each encoded on its own as a turn is."""
+    ids: list[int] = []
+    sampled: list[bool] = []
+    for text, own in parts:
+        encoded = _enc(tok, text)
+        ids += encoded
+        sampled += [own] * len(encoded)
+    return StreamFacts(
+        ids=ids,
+        sampled=sampled,
+        synthesized=frozenset(),
+        close_ids=frozenset(token_id(tok, close) for close in closes.split()),
+        system_texts=systems,
+    )
+
+
+def _kinds(differences: list[Difference]) -> list[str]:
+    return [d.kind for d in differences]
+
+
+GLM_PROMPT = "[gMASK]<sop><|user|>\nWeather?"
+GLM_REPLY = "\n<think></think>\nSunny."
+
+
+def test_a_missing_glm_assistant_opener_is_a_bug(family_root: Path) -> None:
+    tok, classifier = _family(family_root, "glm4_moe")
+    stream = _stream(tok, [(GLM_PROMPT, False), (GLM_REPLY, True)], "<|user|>")
+    render = _enc(tok, f"{GLM_PROMPT}<|assistant|>{GLM_REPLY}")
+    [difference] = classifier.compare(stream, render)
+    assert difference.kind == "unclassified"
+    assert difference.position == len(_enc(tok, GLM_PROMPT))
+    # The other way round: an opener the stream holds and the render does not.
+    stream = _stream(tok, [(GLM_PROMPT + "<|assistant|>", False), (GLM_REPLY, True)], "<|user|>")
+    assert _kinds(classifier.compare(stream, _enc(tok, GLM_PROMPT + GLM_REPLY))) == ["unclassified"]
+
+
+(BOS, EOS, USER, ASSISTANT, CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END) = DEEPSEEK_SPECIALS[:8]
+(OUTPUTS_BEGIN, OUTPUTS_END, OUTPUT_BEGIN, OUTPUT_END, SEP) = DEEPSEEK_SPECIALS[8:]
+DS_PROMPT = f"{BOS}You are a bot.{USER}Weather in Tokyo?{ASSISTANT}"
+DS_CALL = (
+    f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}get_weather\n"
+    f'```json\n{{"city": "Tokyo"}}\n```{CALL_END}{CALLS_END}{EOS}'
+)
+DS_RESULT = f"{OUTPUTS_BEGIN}{OUTPUT_BEGIN}Sunny, 21 C{OUTPUT_END}{OUTPUTS_END}"
+
+
+def test_a_dropped_deepseek_tool_call_is_a_bug(family_root: Path) -> None:
+    tok, classifier = _family(family_root, "deepseek_v3")
+    stream = _stream(
+        tok,
+        [(DS_PROMPT, False), (DS_CALL, True), (DS_RESULT, False), (f"Sunny.{EOS}", True)],
+        EOS,
+    )
+    # A fresh render that loses the call (content "" where the template wants none): issue 12 item 1.
+    render = _enc(tok, f"{DS_PROMPT}{EOS}{DS_RESULT}Sunny.{EOS}")
+    [difference] = classifier.compare(stream, render)
+    assert difference.kind == "unclassified"
+    assert difference.position == len(_enc(tok, DS_PROMPT))
+
+
+@pytest.mark.parametrize("tool_tokens_special", [True, False])
+def test_a_corrupted_token_in_a_deepseek_tool_result_is_a_bug(
+    family_root: Path, tool_tokens_special: bool
+) -> None:
+    # DeepSeek's real tokenizer registers its tool markers as ordinary added tokens: then the tool
+    # result and the next sampled answer are one text piece, and one region.
+    only = () if tool_tokens_special else (BOS, EOS, USER)
+    tok, classifier = _family(family_root, "deepseek_v3", specials_only=only)
+    stream = _stream(
+        tok,
+        [
+            (DS_PROMPT, False),
+            (DS_CALL, True),
+            (DS_RESULT.replace("21", "27"), False),
+            (f"Sunny.  {EOS}", True),
+        ],
+        EOS,
+    )
+    render = _enc(tok, f"{DS_PROMPT}{DS_CALL}{DS_RESULT}Sunny.{EOS}")
+    differences = classifier.compare(stream, render)
+    bad = [d for d in differences if d.kind == "unclassified"]
+    assert len(bad) == 1, differences
+    assert tok.decode(stream.ids[bad[0].position : bad[0].position + 1]) == "7"  # named where it is
+    # The answer's own trailing spaces, alone in their region or not, stay canonicalization.
+    assert {d.kind for d in differences} <= {"unclassified", "assistant_canonicalization"}
+
+
+def test_a_dropped_hermes_tool_call_is_a_bug_its_reserialized_arguments_are_not(tok: Tokenizer) -> None:
+    specials = frozenset(int(i) for i, t in tok.get_added_tokens_decoder().items() if t.special)
+    added = frozenset(int(i) for i in tok.get_added_tokens_decoder())
+    classifier = DriftClassifier(lambda ids: tok.decode(ids, skip_special_tokens=False), specials, added)
+    prompt = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"
+    sampled = 'Checking.\n<tool_call>\n{"name":"f","arguments":{"a":1}}\n</tool_call><|im_end|>'
+    stream = _stream(tok, [(prompt, False), (sampled, True)], "<|im_end|>")
+    canonical = sampled.replace('{"name":"f","arguments":{"a":1}}', '{"name": "f", "arguments": {"a": 1}}')
+    assert _kinds(classifier.compare(stream, _enc(tok, prompt + canonical))) == ["assistant_canonicalization"]
+    dropped = prompt + "Checking.<|im_end|>"
+    [difference] = classifier.compare(stream, _enc(tok, dropped))
+    assert difference.kind == "unclassified"
+
+
+def test_legit_drift_keeps_its_kind(family_root: Path, tok: Tokenizer) -> None:
+    classifier, _ = _setup(tok)
+    prompt = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"
+    # The template trims the assistant's text: whitespace canonicalization.
+    stream = _stream(tok, [(prompt, False), ("answer  \n<|im_end|>", True)], "<|im_end|>")
+    [trimmed] = classifier.compare(stream, _enc(tok, prompt + "answer<|im_end|>"))
+    assert (trimmed.kind, trimmed.whitespace_only) == ("assistant_canonicalization", True)
+    # DeepSeek R1: the prompt pre-fills `<think>\n`, the history render drops the reasoning.
+    ds, ds_classifier = _family(family_root, "deepseek_r1")
+    stream = _stream(
+        ds,
+        [(DS_PROMPT + "<think>\n", False), (f"plan\n</think>\n\nSunny.{EOS}", True)],
+        EOS,
+    )
+    render = _enc(ds, f"{DS_PROMPT}Sunny.{EOS}")
+    assert _kinds(ds_classifier.compare(stream, render)) == ["history_reasoning_stripped"]
+    # gpt-oss: the analysis message of the last turn is not rendered in history.
+    oss, oss_classifier = _family(family_root, "gpt_oss")
+    head = "<|start|>user<|message|>q<|end|><|start|>assistant"
+    final = "<|channel|>final<|message|>Sunny.<|return|>"
+    stream = _stream(
+        oss,
+        [(head, False), ("<|channel|>analysis<|message|>plan<|end|><|start|>assistant" + final, True)],
+        "<|end|> <|return|>",
+    )
+    render = _enc(oss, head + final.replace("<|return|>", "<|end|>"))
+    assert _kinds(oss_classifier.compare(stream, render)) == [
+        "history_reasoning_stripped",
+        "stop_token_rewrite",
+    ]
+
+
+def test_ignore_strippable_keeps_bpe_drift(tok: Tokenizer) -> None:
+    classifier, close = _setup(tok)
+    prompt = _enc(tok, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    stream = [*prompt, *_enc(tok, "hel"), *_enc(tok, "lo there"), close]
+    render = [*prompt, *_enc(tok, "hello there"), close]
+    [bpe] = classifier.compare(_facts(stream, len(prompt), len(stream), close), render)
+    assert bpe.kind == "assistant_bpe"
+    assert not bpe.whitespace_only  # the same text in other ids is not a whitespace difference
+    assert [d["kind"] for d in report([bpe], "ignore_strippable", 0)["differences"]] == ["assistant_bpe"]
+
+
+SYSTEM = "You are a weather bot."
+
+
+def test_system_prompt_moved_to_the_last_user_message_is_named(family_root: Path) -> None:
+    tok, classifier = _family(family_root, "mistral_style")
+    turn1 = (f"<s>[INST] {SYSTEM}\n\nWeather?[/INST]", False)
+    # Mistral-Nemo writes the system prompt only when a user message is the last message: a render
+    # that ends with the assistant's reply has it nowhere.
+    stream = _stream(tok, [turn1, (" Sunny.</s>", True)], "</s>", (SYSTEM,))
+    [moved] = classifier.compare(stream, _enc(tok, "<s>[INST] Weather?[/INST] Sunny.</s>"))
+    assert (moved.kind, moved.allowed) == ("system_relocated", True)
+    # Into the later last user message.
+    parts = [turn1, (" Sunny.</s>", True), ("[INST] And tomorrow?[/INST]", False), (" Rain.</s>", True)]
+    stream = _stream(tok, parts, "</s>", (SYSTEM,))
+    render = _enc(
+        tok, f"<s>[INST] Weather?[/INST] Sunny.</s>[INST] {SYSTEM}\n\nAnd tomorrow?[/INST] Rain.</s>"
+    )
+    assert _kinds(classifier.compare(stream, render)) == ["system_relocated", "system_relocated"]
+
+
+def test_only_a_system_prompt_moving_forward_is_a_relocation(family_root: Path) -> None:
+    tok, classifier = _family(family_root, "mistral_style")
+    reply = (" Sunny.</s>", True)
+    # Moved, and the user text changed too.
+    stream = _stream(tok, [(f"<s>[INST] {SYSTEM}\n\nWeather?[/INST]", False), reply], "</s>", (SYSTEM,))
+    assert _kinds(classifier.compare(stream, _enc(tok, "<s>[INST] Weather now?[/INST] Sunny.</s>"))) == [
+        "unclassified"
+    ]
+    # The stream never had it: the render's copy is not a move.
+    stream = _stream(tok, [("<s>[INST] Weather?[/INST]", False), reply], "</s>", (SYSTEM,))
+    render = _enc(tok, f"<s>[INST] {SYSTEM}\n\nWeather?[/INST] Sunny.</s>")
+    assert _kinds(classifier.compare(stream, render)) == ["unclassified"]
+    # Other text than the system prompt.
+    stream = _stream(tok, [("<s>[INST] Be brief.\n\nWeather?[/INST]", False), reply], "</s>", (SYSTEM,))
+    assert _kinds(classifier.compare(stream, _enc(tok, "<s>[INST] Weather?[/INST] Sunny.</s>"))) == [
+        "unclassified"
+    ]
+    # Twice in the stream (a continuation that kept it in an earlier user message too).
+    parts = [
+        (f"<s>[INST] {SYSTEM}\n\nWeather?[/INST]", False),
+        reply,
+        (f"[INST] {SYSTEM}\n\nAnd tomorrow?[/INST]", False),
+        (" Rain.</s>", True),
+    ]
+    stream = _stream(tok, parts, "</s>", (SYSTEM,))
+    render = _enc(tok, "<s>[INST] Weather?[/INST] Sunny.</s>[INST] And tomorrow?[/INST] Rain.</s>")
+    assert _kinds(classifier.compare(stream, render)) == ["unclassified", "unclassified"]
+
+
+def test_combined_legit_drift_stays_allowed(tok: Tokenizer) -> None:
+    """Legit differences that share one region: each part is judged on its own."""
+    specials = frozenset(int(i) for i, t in tok.get_added_tokens_decoder().items() if t.special)
+    added = frozenset(int(i) for i in tok.get_added_tokens_decoder())
+    classifier = DriftClassifier(lambda ids: tok.decode(ids, skip_special_tokens=False), specials, added)
+    prompt = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"
+    call = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    # The render adds an empty think block and trims the assistant's trailing space.
+    stream = _stream(tok, [(prompt, False), (f"0 \n{call}<|im_end|>", True)], "<|im_end|>")
+    render = _enc(tok, f"{prompt}<think>\n\n</think>\n\n0\n{call}<|im_end|>")
+    assert [d.allowed for d in classifier.compare(stream, render)] == [True]
+    # The prompt's last newline fuses with sampled ones, and the assistant's text is trimmed.
+    stream = _stream(tok, [(prompt, False), (f"\n\n! \n{call}<|im_end|>", True)], "<|im_end|>")
+    render = _enc(tok, f"{prompt}\n\n!\n{call}<|im_end|>")
+    assert [d.allowed for d in classifier.compare(stream, render)] == [True]
+    stream = _stream(tok, [(prompt, False), ("\n0 \n<|im_end|>", True)], "<|im_end|>")
+    render = _enc(tok, f"{prompt}\n\n0\n<|im_end|>\n")  # the prompt's "\n" fuses into one "\n\n\n"
+    assert [d.allowed for d in classifier.compare(stream, render)] == [True, True]
+    # Reasoning stripped and the call's JSON re-serialized in the same region.
+    stream = _stream(
+        tok,
+        [
+            (prompt, False),
+            (
+                '<think>\nplan\n</think>\n\n<tool_call>\n{"name":"f","arguments":{}}\n</tool_call><|im_end|>',
+                True,
+            ),
+        ],
+        "<|im_end|>",
+    )
+    assert [d.allowed for d in classifier.compare(stream, _enc(tok, f"{prompt}{call}<|im_end|>"))] == [True]
+    # A last turn cut inside a UTF-8 character: the render re-encodes it and closes the turn.
+    head, cut = _enc(tok, prompt), _enc(tok, "ok \U000f506b")[:-2]  # two of its four byte tokens
+    sampled = [False] * len(head) + [True] * len(cut)
+    facts = StreamFacts([*head, *cut], sampled, frozenset(), frozenset({token_id(tok, "<|im_end|>")}))
+    render = _enc(tok, prompt + tok.decode(cut) + "<|im_end|>\n")
+    assert all(d.allowed for d in classifier.compare(facts, render))
+
+
+def test_reasoning_cut_by_max_tokens_stays_allowed(tok: Tokenizer) -> None:
+    classifier, close = _setup(tok)
+    prompt = _enc(tok, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")
+    cut = _enc(tok, "<think>\nplan")
+    # The last turn: the render ends the open reasoning and closes the turn.
+    stream = [*prompt, *cut]
+    render = _enc(
+        tok, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\nplan\n</think>\n\n<|im_end|>\n"
+    )
+    assert all(d.allowed for d in classifier.compare(_facts(stream, len(prompt), len(stream), close), render))
+    # Continued with a synthesized close, then rendered without the reasoning.
+    tail = _enc(tok, "<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n")
+    stream = [*prompt, *cut, close, *_enc(tok, "\n"), *tail, *_enc(tok, "ok"), close]
+    facts = StreamFacts(
+        stream,
+        [False] * len(prompt) + [True] * len(cut) + [False] * (2 + len(tail)) + [True] * 2,
+        frozenset({len(prompt) + len(cut)}),
+        frozenset({close}),
+    )
+    render = [*prompt, close, *_enc(tok, "\n"), *tail, *_enc(tok, "ok"), close]
+    assert [d.kind for d in classifier.compare(facts, render)] == ["history_reasoning_stripped"]
+
+
+def test_a_last_turn_cut_after_its_reasoning_stays_allowed(tok: Tokenizer) -> None:
+    classifier, close = _setup(tok)
+    prompt = _enc(tok, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")
+    stream = [*prompt, *_enc(tok, "<think>\nplan\n\n</think>")]
+    render = [*prompt, *_enc(tok, "<think>\nplan\n</think>\n\n<|im_end|>\n")]
+    assert all(d.allowed for d in classifier.compare(_facts(stream, len(prompt), len(stream), close), render))

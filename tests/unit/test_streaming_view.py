@@ -59,3 +59,11 @@ def test_deltas_reassemble_to_the_final_parse(
     assert sent["reasoning_content"] == (final.reasoning_content or "")
     assert sent["content"] == (final.content or "")
     assert len([c for c in calls if "id" in c]) == len(final.tool_calls)
+
+
+def test_nothing_from_a_complete_stop_string_on_is_streamed() -> None:
+    """A chunk that already holds the whole stop string (twice, even) streams only what precedes it."""
+    parser = OutputParser("hermes", parse_reasoning=False, special_texts=("<|im_end|>",))
+    view = StreamedMessage(parser, stop_strings=("--",))
+    assert view.update("alpha beta ---- gamma") == {"content": "alpha beta"}
+    assert view.update("alpha beta ---- gamma delta") == {}
