@@ -190,7 +190,13 @@ class DriftClassifier:
             kind = self._reasoning_kind(stream, first, s_diff, s_text, r_text)
             if kind is not None:
                 return diff(kind)
-            unexplained = self._first_unexplained(stream, first, s_diff, r_diff)
+            # Only whitespace after the region (a sampled newline lined up with the separator).
+            at_end = (
+                s1 == len(stream.ids)
+                and r1 == len(render)
+                and not self._decode(s_ids[len(s_ids) - tail :]).strip()
+            )
+            unexplained = self._first_unexplained(stream, first, s_diff, r_diff, at_end=at_end)
             if unexplained is None:
                 return diff("assistant_canonicalization")
             return diff("unclassified", unexplained)
@@ -242,7 +248,7 @@ class DriftClassifier:
         return None
 
     def _first_unexplained(
-        self, stream: StreamFacts, first: int, s_diff: list[int], r_diff: list[int]
+        self, stream: StreamFacts, first: int, s_diff: list[int], r_diff: list[int], *, at_end: bool = False
     ) -> int | None:
         """The stream position of the first difference that is not a canonicalization of the
         assistant's own text: a marker token missing, extra or changed, a changed or lost
@@ -253,7 +259,7 @@ class DriftClassifier:
         # the close and separator a render adds after a truncated last turn are not structure lost.
         s_keep = self._without_think_blocks(s_diff, lambda k: self._own_or_think(stream, positions[k]))
         r_keep = self._without_think_blocks(r_diff, lambda k: False)
-        if first + len(s_diff) == len(stream.ids) and stream.sampled[-1]:
+        if at_end and stream.sampled[-1]:
             self._trim_truncation_tail(s_diff, r_diff, r_keep)
         s_marks = [n for n, k in enumerate(s_keep) if s_diff[k] in self._markers]
         r_marks = [n for n, k in enumerate(r_keep) if r_diff[k] in self._markers]

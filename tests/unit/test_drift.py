@@ -381,3 +381,12 @@ def test_a_last_turn_cut_after_its_reasoning_stays_allowed(tok: Tokenizer) -> No
     stream = [*prompt, *_enc(tok, "<think>\nplan\n\n</think>")]
     render = [*prompt, *_enc(tok, "<think>\nplan\n</think>\n\n<|im_end|>\n")]
     assert all(d.allowed for d in classifier.compare(_facts(stream, len(prompt), len(stream), close), render))
+
+
+def test_a_last_turn_cut_in_its_reasoning_after_a_newline_stays_allowed(tok: Tokenizer) -> None:
+    """The stream's last sampled newline lines up with the render's separator: still the tail."""
+    classifier, close = _setup(tok)
+    prompt = _enc(tok, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")
+    stream = [*prompt, *_enc(tok, "<think>\n000"), *_enc(tok, " "), *_enc(tok, "\n")]
+    render = [*prompt, *_enc(tok, "<think>\n000 \n</think>\n\n<|im_end|>\n")]
+    assert all(d.allowed for d in classifier.compare(_facts(stream, len(prompt), len(stream), close), render))
