@@ -12,6 +12,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp
 
 from proxy.api import admin, completions, export, health, openai, sessions
 from proxy.api.auth import require_admin_key, require_harness_key
@@ -22,13 +23,24 @@ from proxy.chat.tokenizer import load_tokenizer_files
 from proxy.config import Settings
 from proxy.engines.base import Engine
 from proxy.engines.checked import CheckedEngine
-from proxy.errors import InvalidRequest, ProxyError
+from proxy.errors import EngineError, InvalidRequest, ProxyError, with_request_id
+from proxy.observe import metrics_route
+from proxy.observe.logs import install_record_ids
+from proxy.observe.metrics import Metrics
+from proxy.observe.request_ids import RequestIdMiddleware
 from proxy.store.database import create_engine, session_factory, upgrade_to_head
 from proxy.store.repository import Repository, utcnow
 from proxy.store.turn_store import open_turn_store
 from proxy.turns import TurnRunner
 
 log = logging.getLogger("tito_proxy")
+
+
+class ObservedApp(FastAPI):
+    """The app with request ids outermost: even a 500 answered by Starlette itself carries one."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return RequestIdMiddleware(super().build_middleware_stack())
 
 
 def build_engine(settings: Settings) -> Engine:
@@ -72,6 +84,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         )
         db_sessions = session_factory(db_engine)
         turn_store = open_turn_store(settings.db, db_engine)
+        turn_store.on_commit = metrics.committed
         app.state.proxy = AppState(
             settings=settings,
             engine=inference,
@@ -91,6 +104,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             model_name=settings.model_name,
             context_length=context_length,
         )
+        app.state.proxy.turns.metrics = metrics
         async with db_sessions() as db:
             # Until the trainer sets one, calls whose answer names no version get the engine's at start.
             app.state.proxy.turns.trainer_weight_version = (
@@ -105,12 +119,14 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             await inference.aclose()
             await db_engine.dispose()
 
-    app = FastAPI(title="tito-proxy", version="0.1.0", lifespan=lifespan)
+    install_record_ids()
+    app = ObservedApp(title="tito-proxy", version="0.1.0", lifespan=lifespan)
+    metrics = app.state.metrics = Metrics()
     harness = [Depends(require_harness_key)]
     for surface in (openai.router, completions.router):
         app.include_router(surface, dependencies=harness)
         app.include_router(surface, prefix="/sessions/{session_id}", dependencies=harness)
-    for recorded in (sessions.router, export.router, admin.router):
+    for recorded in (sessions.router, export.router, admin.router, metrics_route.router):
         app.include_router(recorded, dependencies=[Depends(require_admin_key)])
     app.include_router(health.router)
     _install_error_handlers(app)
@@ -137,27 +153,36 @@ async def _finish_idle_sessions(state: AppState) -> None:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    metrics: Metrics = app.state.metrics
+
     @app.exception_handler(ProxyError)
-    async def proxy_error(_: Request, exc: ProxyError) -> JSONResponse:
+    async def proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
+        metrics.failed(exc.status_code, exc.code, isinstance(exc, EngineError))
+        metrics.turn_refused(request.url.path)
         return JSONResponse(exc.envelope(), status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         location = [str(part) for part in first.get("loc", ()) if part != "body"]
         param = ".".join(location) or None
         message = f"{first.get('msg', 'invalid request')}" + (f" (at {param})" if param else "")
         error = InvalidRequest(message, param=param, code="invalid_value")
+        metrics.failed(400, error.code, False)
+        metrics.turn_refused(request.url.path)
         return JSONResponse(error.envelope(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        body = {"error": {"message": str(exc.detail), "type": kind, "param": None, "code": None}}
+        body = with_request_id(
+            {"error": {"message": str(exc.detail), "type": kind, "param": None, "code": None}}
+        )
         return JSONResponse(body, status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error", exc_info=exc)
+        metrics.failed(500, "internal_error", False)
         error = ProxyError("internal error in tito-proxy; see its log")
         return JSONResponse(error.envelope(), status_code=500)

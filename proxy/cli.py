@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -42,6 +41,11 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8000)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="text (default) or json: one object per line with request_id; also TITO_LOG_FORMAT",
+    )
     serve.add_argument(
         "--history-mode",
         choices=["exact", "template"],
@@ -94,6 +98,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "host",
         "port",
         "log_level",
+        "log_format",
         "history_mode",
         "drift_report",
         "tool_parser",
@@ -118,15 +123,16 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proxy.app import create_app
+    from proxy.observe.logs import configure
 
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure(settings.log_level, settings.log_format)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        # uvicorn's own loggers (access lines included) go through the root handler, in its format.
+        log_config=None,
         # Turns in flight may finish; then they are cancelled (the local engine stops between tokens).
         timeout_graceful_shutdown=settings.shutdown_grace_s,
     )

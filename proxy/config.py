@@ -32,6 +32,8 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # json: one JSON object per line (time, level, logger, message, request_id, session_id).
+    log_format: Literal["text", "json"] = "text"
     # A comment is sent on a silent stream this often, so that proxies and clients keep it open.
     stream_keepalive_s: float = Field(default=15.0, gt=0)
     # Sessions with no call for this long are finished (and so exported); 0 turns it off.

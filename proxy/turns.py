@@ -24,6 +24,7 @@ from proxy.chat.parsing import OutputParser, ParsedOutput, build_parser
 from proxy.chat.renderer import DeltaUnavailable, Renderer
 from proxy.engines.base import Engine, FinishReason, Generation, SamplingParams
 from proxy.errors import Conflict, ContextLengthExceeded, EngineError, InvalidRequest
+from proxy.observe.metrics import Metrics
 from proxy.store.codec import IdArray, pack_ids, pack_logprobs
 from proxy.store.prompts import ContextCache, Recorded, rebuild
 from proxy.store.turn_store import ContinuedCall, NewCall, TurnStore, TurnWrite
@@ -66,6 +67,7 @@ class PromptPlan:
     boundary_edits: list[dict[str, Any]]
     history: list[Message] = field(default_factory=list)  # the parent's recorded conversation
     appended: list[Message] = field(default_factory=list)
+    new_segment_reason: str = "new_conversation"  # why a plan without a parent opens a segment
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,7 @@ class TurnRunner:
         self.parser = parser or build_parser("auto", renderer.files.chat_template, renderer.special_texts)
         self.contexts = contexts or ContextCache()
         self._clock = clock
+        self.metrics: Metrics | None = None  # set by the app; None in tests that build a runner alone
 
     async def prepare(self, session_id: str, request: TurnRequest) -> PreparedTurn:
         """Everything before the engine call: the session, the prompt ids, bounded sampling."""
@@ -190,7 +193,9 @@ class TurnRunner:
                     boundary_edits=[],
                     history=recorded.conversation,
                 )
-        return PromptPlan(prompt=ids, added=ids, parent=None, boundary_edits=[])
+        return PromptPlan(
+            prompt=ids, added=ids, parent=None, boundary_edits=[], new_segment_reason="token_prompt"
+        )
 
     async def run(self, session_id: str, request: TurnRequest) -> list[TurnResult]:
         """Sample every choice, then commit them together: all are recorded, or none."""
@@ -236,6 +241,10 @@ class TurnRunner:
                 ],
             )
         )
+        if self.metrics is not None:
+            statuses = [call.status for call, _ in built]
+            sampled = sum(len(generation.output_ids) for _, generation in generations)
+            self._observe(self.metrics, turn, statuses, sampled, (generated, done))
         results = []
         for call_id, (call, output), (index, generation) in zip(call_ids, built, generations, strict=True):
             if call.status == "ok":
@@ -256,6 +265,25 @@ class TurnRunner:
                 )
             )
         return results
+
+    def _observe(
+        self, metrics: Metrics, turn: PreparedTurn, statuses: list[str], sampled: int, at: tuple[float, float]
+    ) -> None:
+        recorded = self._clock()
+        generated, done = at
+        metrics.turn_recorded(
+            "completions" if turn.request.is_completion else "chat",
+            statuses,
+            {
+                "render": turn.rendered - turn.started,
+                "engine": generated - turn.rendered,
+                "record": recorded - done,
+                "total": recorded - turn.started,
+            },
+            (len(turn.plan.prompt) * len(statuses), sampled),
+        )
+        if turn.plan.parent is None:
+            metrics.segments.labels(turn.plan.new_segment_reason).inc()
 
     def _remember(self, turn: PreparedTurn, call_id: int, generation: Generation, reply: Message) -> None:
         plan = turn.plan
@@ -365,10 +393,14 @@ class TurnRunner:
         template_now: datetime,
     ) -> PromptPlan:
         continued: PromptPlan | None = None
+        reason = "new_conversation"
+        if any(m["role"] == "assistant" for m in request.messages):
+            reason = "history_not_matched"
         if parent is not None:
             try:
                 continued = await self._continue(request, parent, appended, template_now)
             except DeltaUnavailable as exc:
+                reason = "delta_unavailable"
                 log.info("session %s: new segment: %s", parent.session_id, exc)
         if continued is not None and self.history_mode == "exact":
             return continued
@@ -383,7 +415,11 @@ class TurnRunner:
         )
         if continued is not None and np.array_equal(continued.prompt, prompt):
             return continued  # template mode: the stream is exactly what a fresh render gives
-        return PromptPlan(prompt=prompt, added=prompt, parent=None, boundary_edits=[])
+        if continued is not None:
+            reason = "template_render_differs"
+        return PromptPlan(
+            prompt=prompt, added=prompt, parent=None, boundary_edits=[], new_segment_reason=reason
+        )
 
     async def _continue(
         self,

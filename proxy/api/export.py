@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,6 +16,7 @@ from proxy.errors import InvalidRequest
 from proxy.export.branches import BranchFilter
 from proxy.export.formats import jsonl, parquet_stream, require_pyarrow
 from proxy.export.samples import merged_rows, stepwise_rows
+from proxy.observe.export_tally import ExportTally
 from proxy.store.repository import Repository
 
 router = APIRouter(tags=["export"])
@@ -55,6 +56,7 @@ async def export_pages(
 
 @router.get("/export")
 async def export(
+    request: Request,
     state: StateDep,
     *,
     mode: Literal["merged", "stepwise"] = "merged",
@@ -67,15 +69,18 @@ async def export(
     """Finished sessions after cursor `after`; with `consumer`, only those it has not acked;
     abandoned branches (a retry the harness went on with superseded them) only with `branches=all`."""
     require_pyarrow(format)
-    pages = export_pages(state, mode, after, consumer, branches)
+    tally = ExportTally(request.app.state.metrics, mode, format)
+    pages = tally.rows_of(export_pages(state, mode, after, consumer, branches))
     if format == "parquet":
-        return StreamingResponse(parquet_stream(mode, pages), media_type="application/vnd.apache.parquet")
+        return StreamingResponse(
+            tally.bytes_of(parquet_stream(mode, pages)), media_type="application/vnd.apache.parquet"
+        )
 
     async def lines() -> AsyncIterator[bytes]:
         async for rows in pages:
             yield jsonl(rows)
 
-    return StreamingResponse(lines(), media_type="application/x-ndjson")
+    return StreamingResponse(tally.bytes_of(lines()), media_type="application/x-ndjson")
 
 
 @router.post("/export/ack")

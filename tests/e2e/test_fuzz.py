@@ -41,7 +41,7 @@ def _assert_answered_in_the_envelope(response: Any) -> None:
     assert response.status_code < 500, response.text[:500]
     if response.status_code >= 400:
         error = response.json()["error"]
-        assert set(error) == {"message", "type", "param", "code"}
+        assert set(error) == {"message", "type", "param", "code", "request_id"}
 
 
 def test_schemathesis_finds_no_server_error(fuzz_url: str) -> None:
