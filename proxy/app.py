@@ -24,7 +24,7 @@ from proxy.config import Settings
 from proxy.engines.base import Engine
 from proxy.engines.checked import CheckedEngine
 from proxy.errors import EngineError, InvalidRequest, ProxyError, with_request_id
-from proxy.observe import metrics_route
+from proxy.observe import metrics_route, ui
 from proxy.observe.logs import install_record_ids
 from proxy.observe.metrics import Metrics
 from proxy.observe.request_ids import RequestIdMiddleware
@@ -129,6 +129,8 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     for recorded in (sessions.router, export.router, admin.router, metrics_route.router):
         app.include_router(recorded, dependencies=[Depends(require_admin_key)])
     app.include_router(health.router)
+    app.include_router(ui.page_router)
+    app.include_router(ui.api_router)
     _install_error_handlers(app)
     return app
 
