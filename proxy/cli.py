@@ -239,6 +239,30 @@ def _progress(label: str) -> Any:
     return bar()
 
 
+def _show(args: argparse.Namespace) -> int:
+    """Print one path of a session with the viewer's colouring."""
+    import httpx
+
+    from proxy.observe.terminal import pick_path, render
+
+    headers = {"Authorization": f"Bearer {args.admin_key}"} if args.admin_key else {}
+    base = f"{args.url.rstrip('/')}/ui/api/sessions/{args.session_id}"
+    with httpx.Client(headers=headers, timeout=120) as client:
+        detail = client.get(base)
+        if detail.status_code != 200:
+            print(f"tito-proxy show: HTTP {detail.status_code}: {detail.text}", file=sys.stderr)
+            return 1
+        try:
+            path = pick_path(detail.json(), args.segment)
+        except LookupError as exc:
+            print(f"tito-proxy show: {exc}", file=sys.stderr)
+            return 1
+        tokens = client.get(f"{base}/tokens", params={"path": path})
+        tokens.raise_for_status()
+    sys.stdout.write(render(tokens.json()))
+    return 0
+
+
 def _demo_model(args: argparse.Namespace) -> int:
     from proxy.demo_model import build_demo_model
 
@@ -270,6 +294,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     export.add_argument(
         "--admin-key", default=os.environ.get("TITO_ADMIN_KEY"), help="the proxy's admin key (TITO_ADMIN_KEY)"
     )
+    show = sub.add_parser(
+        "show", help="print a session's segment in the terminal, coloured by mask and logprob"
+    )
+    show.add_argument("session_id")
+    show.add_argument("--url", default="http://127.0.0.1:8000", help="the proxy's base URL")
+    show.add_argument("--segment", type=int, help="segment id (default: the session's first)")
+    show.add_argument(
+        "--admin-key", default=os.environ.get("TITO_ADMIN_KEY"), help="the proxy's admin key (TITO_ADMIN_KEY)"
+    )
     check = sub.add_parser("check-template", help="run the chat-template self-test and print its verdict")
     check.add_argument("--tokenizer", type=Path, required=True)
     demo = sub.add_parser("demo-model", help="build a tiny random-weight Qwen3 model offline (needs [local])")
@@ -282,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _migrate(args)
     if args.command == "check-template":
         return _check_template(args)
+    if args.command == "show":
+        return _show(args)
     if args.command == "export":
         if args.ack and not args.consumer:
             parser.error("--ack needs --consumer")
