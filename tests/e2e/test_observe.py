@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.observe.logs import JsonFormatter, install_record_ids
 from tests.conftest import ProxyFactory
 from tests.fakes.sglang import FakeSGLang
-from tests.support import chat
+from tests.support import chat, spawn_proxy
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -60,13 +61,33 @@ def test_log_lines_of_a_request_carry_its_ids_and_an_export_logs_one_line(
     assert export_lines[0].request_id == "export-1"  # type: ignore[attr-defined]
     assert "3 sessions, 3 rows" in export_lines[0].getMessage()
     caplog.clear()
-    httpx.post(
-        f"{proxy_url}/sessions/s0/v1/chat/completions",
-        json={"model": "m", "messages": USER},
-        headers={"x-request-id": "turn-9"},
-    )
-    mine = [r for r in caplog.records if getattr(r, "request_id", None) == "turn-9"]
+    # A trajectory logs its drift per segment (at debug): those lines name the request and session.
+    httpx.get(f"{proxy_url}/sessions/s0/trajectory", headers={"x-request-id": "read-9"})
+    mine = [r for r in caplog.records if r.name == "tito_proxy.export"]
+    assert mine
+    assert all(r.request_id == "read-9" for r in mine)  # type: ignore[attr-defined]
     assert all(r.session_id == "s0" for r in mine)  # type: ignore[attr-defined]
+
+
+def test_serve_with_json_logs_writes_one_object_per_line(
+    engine: FakeSGLang, qwen_dir: Path, tmp_path: Path
+) -> None:
+    env = {"TITO_DB": f"sqlite:///{tmp_path / 'j.db'}", "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
+    log = tmp_path / "serve.log"
+    with spawn_proxy(["--tokenizer", str(qwen_dir), "--log-format", "json"], env, log) as (_, url):
+        reply = httpx.post(
+            f"{url}/sessions/js/v1/chat/completions",
+            json={"model": "m", "messages": USER, "max_tokens": 4},
+            headers={"x-request-id": "json-1"},
+        )
+        assert reply.status_code == 200
+        httpx.get(f"{url}/export", headers={"x-request-id": "json-2"}).raise_for_status()
+    entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    assert all({"time", "level", "logger", "message"} <= set(entry) for entry in entries)
+    turn = [e for e in entries if e.get("request_id") == "json-1"]
+    assert turn, entries  # at least uvicorn's access line
+    assert all(e["session_id"] == "js" for e in turn)
+    assert [e["logger"] for e in entries if e.get("request_id") == "json-2"].count("tito_proxy.export") == 1
 
 
 def test_json_log_lines_are_one_object_each() -> None:
