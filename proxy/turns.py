@@ -327,6 +327,8 @@ class TurnRunner:
                 "matched_token": generation.finish.matched_token,
                 "matched_text": generation.finish.matched_text,
                 "message": generation.finish.message,
+                # Why this call opened a new segment (the viewer shows it on the branch tree).
+                **({"segment_reason": plan.new_segment_reason} if plan.parent is None else {}),
             },
             boundary_edits=plan.boundary_edits,
             # A continuation stores only what it appended; its history is its parent's conversation.

@@ -69,13 +69,18 @@ def call_tree(calls: Sequence[CallRow]) -> list[dict[str, Any]]:
             "reward": c.reward,
             # A call without a parent opened its segment with a fresh render.
             "opens_segment": c.parent_id is None,
-            "segment_reason": None
-            if c.parent_id is not None
-            else ("first" if c.segment_id == first_segment else "fresh_render"),
+            "segment_reason": None if c.parent_id is not None else _segment_reason(c, first_segment),
             "timings": c.timings,
         }
         for c in calls
     ]
+
+
+def _segment_reason(call: CallRow, first_segment: int | None) -> str:
+    recorded = call.finish_detail.get("segment_reason")
+    if recorded:
+        return str(recorded)
+    return "new_conversation" if call.segment_id == first_segment else "fresh_render"  # older records
 
 
 def _call_spans(path: SegmentTrajectory) -> list[dict[str, Any]]:

@@ -122,6 +122,10 @@ def test_metrics_move_with_turns_errors_and_exports(start_proxy: ProxyFactory, e
             body = {"model": "m", "messages": USER, "max_tokens": 8}
             ok = httpx.post(f"{url}/sessions/{session}/v1/chat/completions", json=body, headers=harness)
             assert ok.status_code == 200
+        edited = [*USER, {"role": "assistant", "content": "never sampled"}, {"role": "user", "content": "?"}]
+        body = {"model": "m", "messages": edited, "max_tokens": 8}
+        ok = httpx.post(f"{url}/sessions/b/v1/chat/completions", json=body, headers=harness)
+        assert ok.status_code == 200
         engine.fault = "http500"
         failed = httpx.post(
             f"{url}/sessions/c/v1/chat/completions", json={"model": "m", "messages": USER}, headers=harness
@@ -134,17 +138,19 @@ def test_metrics_move_with_turns_errors_and_exports(start_proxy: ProxyFactory, e
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     got = _samples(response.text)
-    assert got["tito_turns_total", (("dialect", "chat"), ("status", "ok"))] == 2
+    assert got["tito_turns_total", (("dialect", "chat"), ("status", "ok"))] == 3
     assert got["tito_turns_total", (("dialect", "chat"), ("status", "error"))] == 1
     assert got["tito_engine_errors_total", (("kind", "bad_gateway"),)] == 1
     for phase in ("render", "engine", "record", "total"):
-        assert got["tito_turn_phase_seconds_count", (("phase", phase),)] == 2
+        assert got["tito_turn_phase_seconds_count", (("phase", phase),)] == 3
     assert got["tito_prompt_tokens_total", ()] > 0
     assert got["tito_completion_tokens_total", ()] > 0
     assert got["tito_active_sessions", ()] == 1  # b; a finished, c never recorded
     assert got["tito_segments_opened_total", (("reason", "new_conversation"),)] == 2
-    assert got["tito_commit_group_size_count", ()] >= 2
-    assert got["tito_commit_seconds_count", ()] >= 2
+    assert got["tito_segments_opened_total", (("reason", "history_not_matched"),)] == 1
+    assert got["tito_commit_group_size_count", ()] >= 1
+    assert got["tito_commit_group_size_sum", ()] == 3  # every recorded turn in some group
+    assert got["tito_commit_seconds_count", ()] == got["tito_commit_group_size_count", ()]
     assert got["tito_export_rows_total", (("mode", "merged"),)] == 1
     assert got["tito_export_bytes_total", (("format", "jsonl"),)] == len(exported.content)
     assert got["tito_errors_total", (("code", "bad_gateway"), ("status", "502"))] == 1

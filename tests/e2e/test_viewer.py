@@ -117,6 +117,7 @@ def test_a_session_shows_tokens_masks_drift_and_branches(page: Any) -> None:
     assert "final" in branches
     assert "sample" in branches  # n=2: the other choice
     assert page.locator("#paths button.path").count() == 2
+    assert "segment 1 opened: a new conversation" in page.inner_text("#tree")
     assert page.locator("#stream .tok.m1").count() > 0
     assert page.locator("#stream .tok.m0").count() > 0
     hover = page.get_attribute("#stream .tok.m1", "title")

@@ -102,12 +102,21 @@ function withParam(params, key, value) {
 
 // ---- one session --------------------------------------------------------------------------------
 
+const SEGMENT_REASONS = {
+  new_conversation: "a new conversation (fresh render)",
+  history_not_matched: "the echoed history matches no recorded turn (edited, summarized or another tool list)",
+  delta_unavailable: "the template self-test could not prove this append safe",
+  template_render_differs: "history mode template: a fresh render differs from the stream",
+  token_prompt: "a token prompt that extends no recorded call",
+  fresh_render: "fresh render",
+};
+
 function branchTree(detail) {
   const tree = el("div", { class: "panel tree", id: "tree" }, el("b", {}, "Calls and branches"));
   for (const call of detail.calls) {
     const indent = "  ".repeat(call.depth);
     const opened = call.opens_segment
-      ? ` ▶ segment ${call.segment_id} opened (${call.segment_reason === "first" ? "first render" : "fresh render: history not continued"})`
+      ? ` ▶ segment ${call.segment_id} opened: ${SEGMENT_REASONS[call.segment_reason] || call.segment_reason}`
       : "";
     tree.append(el("div", { class: "node" + (call.opens_segment ? " segment" : ""), "data-call": call.id },
       `${indent}└ call ${call.id}`, " ", el("span", { class: "tag " + call.branch }, call.branch),
