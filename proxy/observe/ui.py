@@ -138,9 +138,10 @@ async def list_sessions(
             calls = await repo.session_calls(session.id)
             if weight_version is not None and all(c.weight_version != weight_version for c in calls):
                 continue
-            paths = trajectories(state, session, calls) if wanted_drift else []
+            # Drift needs a fresh render of every path: computed only when filtered on.
+            paths = trajectories(state, session, calls) if wanted_drift else None
             row = summary(session, calls, paths)
-            if not wanted_drift <= set(row["drift_kinds"]):
+            if paths is not None and not wanted_drift <= set(row["drift_kinds"]):
                 continue
             found.append({**row, "cursor": key if by_cursor else None})
             if len(found) == limit:

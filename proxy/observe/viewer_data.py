@@ -28,11 +28,12 @@ def trajectories(state: AppState, session: SessionRow, calls: Sequence[CallRow])
 
 
 def summary(
-    session: SessionRow, calls: Sequence[CallRow], paths: Sequence[SegmentTrajectory]
+    session: SessionRow, calls: Sequence[CallRow], paths: Sequence[SegmentTrajectory] | None
 ) -> dict[str, Any]:
+    """A session at a glance; `drift_kinds` is None when its paths (and their drift) were not built."""
     versions = sorted({c.weight_version for c in calls if c.weight_version is not None})
     drift: set[str] = set()
-    for path in paths:
+    for path in paths or []:
         drift.update(path.drift.get("counts", {}))
     return {
         "id": session.id,
@@ -43,9 +44,9 @@ def summary(
         "reward": session.reward,
         "num_calls": len(calls),
         "num_segments": len({c.segment_id for c in calls}),
-        "num_paths": len(paths),
+        "num_paths": len(paths) if paths is not None else None,
         "weight_versions": versions,
-        "drift_kinds": sorted(drift),
+        "drift_kinds": sorted(drift) if paths is not None else None,
         "metadata": session.meta,
     }
 
@@ -124,7 +125,12 @@ def _fresh_render(state: AppState, session: SessionRow, path: SegmentTrajectory)
         )
     except ProxyError as exc:
         return {"error": exc.message}
-    return {"ids": ids, "pieces": [state.pieces.text_of(t) for t in ids]}
+    specials = state.renderer.special_ids
+    return {
+        "ids": ids,
+        "pieces": [state.pieces.text_of(t) for t in ids],
+        "special": [int(t in specials) for t in ids],
+    }
 
 
 def tokens(state: AppState, session: SessionRow, path: SegmentTrajectory, index: int) -> dict[str, Any]:

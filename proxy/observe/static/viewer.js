@@ -81,7 +81,8 @@ async function sessionsPage(params) {
     el("td", {}, s.status), el("td", {}, s.group ?? ""), el("td", {}, s.reward ?? ""),
     el("td", {}, s.num_calls), el("td", {}, s.num_segments),
     el("td", {}, s.weight_versions.join(", ")),
-    el("td", {}, ...s.drift_kinds.map((k) => el("span", { class: "tag drift" }, k))),
+    el("td", { title: "computed when filtering on drift, and on the session page" },
+      ...(s.drift_kinds === null ? ["–"] : s.drift_kinds.map((k) => el("span", { class: "tag drift" }, k)))),
     el("td", {}, s.created_at.slice(0, 19).replace("T", " "))));
   const table = el("table", { id: "sessions" },
     el("tr", {}, ...["session", "status", "group", "reward", "calls", "segments", "weight versions",
@@ -247,7 +248,7 @@ function diffView(data) {
   let suffix = 0;
   while (suffix < a.length - prefix && suffix < b.length - prefix && a[a.length - 1 - suffix] === b[b.length - 1 - suffix]) suffix++;
   const render = { ids: b, pieces: data.render.pieces, mask: b.map(() => 0), logprobs: b.map(() => 0),
-    special: b.map(() => 0), edits: [], drift: [] };
+    special: data.render.special, edits: [], drift: [] };
   return [el("p", {}, `Identical for ${prefix} tokens from the start and ${suffix} from the end; the differing middle is highlighted.`),
     el("div", { class: "side" },
       el("div", {}, el("b", {}, "recorded stream"), virtualTokens(data, tokenRows(data, 0, a.length), "diff-stream",
