@@ -18,7 +18,8 @@ from sqlalchemy import select
 
 from proxy.api.auth import require_admin_key
 from proxy.api.deps import StateDep
-from proxy.errors import Forbidden, NotFound, Unauthorized
+from proxy.api.schemas import MAX_DB_INTEGER
+from proxy.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
 from proxy.observe.viewer_data import call_tree, summary, tokens, trajectories
 from proxy.store.models import FinishedRow, SessionRow
 from proxy.store.repository import Repository
@@ -90,6 +91,10 @@ def _listing(status: str | None, after: str | None) -> tuple[Any, bool]:
     if status == "finished":
         query = select(FinishedRow.seq, SessionRow).join(SessionRow, SessionRow.id == FinishedRow.session_id)
         if after:
+            if not after.isdigit() or int(after) > MAX_DB_INTEGER:
+                raise InvalidRequest(
+                    "a finished listing's cursor is an export cursor (an integer)", param="after"
+                )
             query = query.where(FinishedRow.seq > int(after))
         return query.order_by(FinishedRow.seq), True
     query = select(SessionRow.id, SessionRow)

@@ -10,11 +10,13 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tokenizers import Tokenizer
 
 from proxy.observe.logs import JsonFormatter, install_record_ids
 from tests.conftest import ProxyFactory
 from tests.fakes.sglang import FakeSGLang
 from tests.support import chat, spawn_proxy
+from tests.viewed_sessions import record_viewed_sessions
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -162,3 +164,26 @@ def test_time_to_first_token_is_measured_on_streams(proxy_url: str) -> None:
         response.read()
     got = _samples(httpx.get(f"{proxy_url}/metrics").text)
     assert got["tito_time_to_first_token_seconds_count", ()] == 1
+
+
+def test_viewer_api_gives_aligned_tokens_and_clear_errors(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    record_viewed_sessions(proxy_url, engine, qwen_tokenizer)
+    detail = httpx.get(f"{proxy_url}/ui/api/sessions/viewed").json()
+    assert [p["branch"] for p in detail["paths"]] == ["final", "sample"]
+    assert [c["segment_reason"] for c in detail["calls"]] == ["new_conversation", None, None]
+    data = httpx.get(f"{proxy_url}/ui/api/sessions/viewed/tokens", params={"path": 0}).json()
+    size = len(data["ids"])
+    assert size == len(data["pieces"]) == len(data["mask"]) == len(data["logprobs"]) == len(data["special"])
+    assert data["mask"][: data["prompt_len"]] == [0] * data["prompt_len"]
+    for call in data["calls"]:
+        assert data["mask"][call["start"] : call["end"]] == [1] * (call["end"] - call["start"])
+    assert [e["kind"] for e in data["edits"]] == ["truncation_close_synthesized"]
+    assert data["mask"][data["edits"][0]["position"]] == 0
+    assert data["render"]["ids"][:size] == data["ids"]  # only the final separator differs
+    assert "".join(data["pieces"]) == qwen_tokenizer.decode(data["ids"], skip_special_tokens=False)
+    bad_cursor = httpx.get(f"{proxy_url}/ui/api/sessions", params={"status": "finished", "after": "x"})
+    assert bad_cursor.status_code == 400
+    assert httpx.get(f"{proxy_url}/ui/api/sessions/nobody").status_code == 404
+    assert httpx.get(f"{proxy_url}/ui/api/sessions/viewed/tokens", params={"path": 9}).status_code == 404
