@@ -1,7 +1,8 @@
 """The trajectory viewer at /ui: a static page shipped in the package, and the JSON API it reads.
 
-The page itself holds no data; every API route needs the admin key (when keys are set), sent as a
+The page holds no data; it and every API route need the admin key (when keys are set), sent as a
 Bearer header or as the `tito_admin_key` cookie that POST /ui/login sets once the key is checked.
+Without it the page answers 401 and shows the form that asks for the key.
 """
 
 from __future__ import annotations
@@ -49,8 +50,15 @@ api_router = APIRouter(prefix="/ui/api", tags=["ui"], dependencies=[Depends(requ
 
 
 @page_router.get("/ui")
-async def page() -> FileResponse:
-    return FileResponse(STATIC / "index.html", media_type="text/html")
+async def page(request: Request) -> FileResponse:
+    """The page; without the admin key (when keys are set) its status says so (401, or 403 for the
+    harness key) and it shows only the form that asks for the key."""
+    status = 200
+    try:
+        await require_viewer(request)
+    except (Unauthorized, Forbidden) as exc:
+        status = exc.status_code
+    return FileResponse(STATIC / "index.html", media_type="text/html", status_code=status)
 
 
 @page_router.get("/ui/static/{name}")

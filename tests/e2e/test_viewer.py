@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,23 +34,51 @@ def viewer_url(start_proxy: ProxyFactory, engine: FakeSGLang, qwen_tokenizer: To
         yield url
 
 
-@pytest.fixture
-def page(viewer_url: str) -> Iterator[Any]:
+@contextmanager
+def _browser_tab(headers: dict[str, str] | None = None) -> Iterator[tuple[Any, list[str]]]:
+    """A Chromium tab, and the console errors and uncaught exceptions of its pages."""
     errors: list[str] = []
     with playwright_api.sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        tab = browser.new_page(viewport={"width": 1400, "height": 1000})
+        context = browser.new_context(viewport={"width": 1400, "height": 1000}, extra_http_headers=headers)
+        tab = context.new_page()
         tab.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
         tab.on("pageerror", lambda error: errors.append(str(error)))
+        try:
+            yield tab, errors
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def page(viewer_url: str) -> Iterator[Any]:
+    """The viewer opened with the admin key sent as a header on every request."""
+    with _browser_tab({"Authorization": f"Bearer {ADMIN}"}) as (tab, errors):
         tab.goto(f"{viewer_url}/ui")
-        # Keys are set: the page asks for the admin key once, then its cookie opens the data.
+        tab.wait_for_selector("#sessions")
+        yield tab
+    assert errors == [], errors
+
+
+def test_the_page_asks_for_the_key_once(viewer_url: str) -> None:
+    with _browser_tab() as (tab, errors):
+        tab.goto(f"{viewer_url}/ui")
+        tab.wait_for_selector("#login")
+        _shot(tab, "login")
+        # The only error: Chromium reports the page's own 401, which is what tells it to ask.
+        assert [e for e in errors if "401" not in e] == []
+        errors.clear()
+        tab.fill("#admin-key", "wrong")
+        tab.click("#login button")
+        tab.wait_for_selector("#login .error:has-text('wrong key')")
+        errors.clear()  # the refused login's 401
         tab.fill("#admin-key", ADMIN)
         tab.click("#login button")
         tab.wait_for_selector("#sessions")
-        tab.errors = errors
-        yield tab
-        browser.close()
-    assert errors == [], errors
+        assert _listed(tab) == ["live", "other", "viewed"]
+        tab.reload()  # the cookie keeps the key
+        tab.wait_for_selector("#sessions")
+        assert errors == [], errors
 
 
 def _shot(tab: Any, name: str) -> None:
@@ -62,7 +91,9 @@ def _listed(tab: Any) -> list[str]:
 
 
 def test_the_data_needs_the_admin_key(viewer_url: str) -> None:
-    assert httpx.get(f"{viewer_url}/ui").status_code == 200  # the shell holds no data
+    assert httpx.get(f"{viewer_url}/ui").status_code == 401  # a page that asks for the key
+    assert httpx.get(f"{viewer_url}/ui", headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
+    assert httpx.get(f"{viewer_url}/ui", cookies={"tito_admin_key": ADMIN}).status_code == 200
     assert httpx.get(f"{viewer_url}/ui/api/sessions").status_code == 401
     harness = {"Authorization": "Bearer harness-key"}
     assert httpx.get(f"{viewer_url}/ui/api/sessions", headers=harness).status_code == 403
