@@ -169,6 +169,11 @@ def test_a_session_shows_tokens_masks_drift_and_branches(page: Any) -> None:
     page.wait_for_selector("#calls .reasoning")
     page.click("#view-steps")
     page.wait_for_selector("#step-1 .tok")
+    # Step 1's prompt holds call 1's sampled tokens as context: only its own output has mask 1.
+    step_masks = page.eval_on_selector_all(
+        "#step-1 .tok", "toks => toks.map(t => [+t.dataset.pos, t.classList.contains('m1')])"
+    )
+    assert all(sampled == (pos >= 130) for pos, sampled in step_masks), step_masks
     _shot(page, "steps")
     page.click("#view-diff")
     page.wait_for_selector("#diff-render .tok")

@@ -235,9 +235,17 @@ function stepsView(data) {
     views.push(el("div", { class: "step panel" },
       el("b", {}, `step ${step} · call ${call.call_id}: prompt ${call.start} tokens (…last ${call.start - context} shown), ` +
         `response ${call.end - call.start} tokens, loss mask 1`),
-      virtualTokens(data, tokenRows(data, context, call.end), `step-${step}`, markIndex(data))));
+      stepTokens(data, call, context, step)));
   });
   return views;
+}
+
+function stepTokens(data, call, context, step) {
+  // In a step the whole prompt is context (mask 0), earlier sampled turns included.
+  const stepData = { ...data, mask: data.mask.map((_, i) => (i >= call.start && i < call.end ? 1 : 0)) };
+  const box = virtualTokens(stepData, tokenRows(data, context, call.end), `step-${step}`, markIndex(data));
+  box.style.height = "30vh";
+  return box;
 }
 
 function diffView(data) {
