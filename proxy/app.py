@@ -177,6 +177,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        metrics.failed(exc.status_code, None, False)
         body = with_request_id(
             {"error": {"message": str(exc.detail), "type": kind, "param": None, "code": None}}
         )
