@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp
 
 from proxy import native_memory
 from proxy.api import admin, export, health, models, sessions, weight_sync
@@ -30,7 +31,18 @@ from proxy.dialects import anthropic, chat, completions, responses
 from proxy.engines.base import Engine
 from proxy.engines.checked import CheckedEngine
 from proxy.engines.resuming import ResumingEngine
-from proxy.errors import EngineMismatch, EngineUnavailable, InvalidRequest, ProxyError
+from proxy.errors import (
+    EngineError,
+    EngineMismatch,
+    EngineUnavailable,
+    InvalidRequest,
+    ProxyError,
+    with_request_id,
+)
+from proxy.observe import metrics_route, ui
+from proxy.observe.logs import install_record_ids
+from proxy.observe.metrics import Metrics
+from proxy.observe.request_ids import RequestIdMiddleware
 from proxy.store.database import (
     create_engine,
     database_error,
@@ -44,6 +56,13 @@ from proxy.turns import TurnRunner
 from proxy.weight_sync import PauseGate
 
 log = logging.getLogger("tito_proxy")
+
+
+class ObservedApp(FastAPI):
+    """The app with request ids outermost: even a 500 answered by Starlette itself carries one."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return RequestIdMiddleware(super().build_middleware_stack())
 
 
 def build_engine(settings: Settings) -> Engine:
@@ -157,6 +176,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             log.warning("tool calls: %s", parser_report.warning)
         db_sessions = session_factory(db_engine)
         turn_store = open_turn_store(settings.db, db_engine)
+        turn_store.on_commit = metrics.committed
         app.state.proxy = AppState(
             settings=settings,
             engine=inference,
@@ -175,6 +195,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             context_length=context_length,
             tool_parser=parser_report,
         )
+        app.state.proxy.turns.metrics = metrics
         async with db_sessions() as db:
             # Until the trainer sets one, calls whose answer names no version get the engine's at start.
             app.state.proxy.turns.trainer_weight_version = (
@@ -191,7 +212,8 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             await db_engine.dispose()
 
     # The docs are served by _install_docs, behind the admin key like the routes they describe.
-    app = FastAPI(
+    install_record_ids()
+    app = ObservedApp(
         title="tito-proxy",
         version="0.1.0",
         lifespan=lifespan,
@@ -199,15 +221,18 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         redoc_url=None,
         openapi_url=None,
     )
+    metrics = app.state.metrics = Metrics()
     # Outside every route, so a new surface cannot forget it.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     harness = [Depends(require_harness_key), Depends(group_from_headers)]
     for surface in (models.router, chat.router, completions.router, responses.router, anthropic.router):
         app.include_router(surface, dependencies=harness)
         app.include_router(surface, prefix="/sessions/{session_id}", dependencies=harness)
-    for recorded in (sessions.router, export.router, admin.router, weight_sync.router):
+    for recorded in (sessions.router, export.router, admin.router, weight_sync.router, metrics_route.router):
         app.include_router(recorded, dependencies=[Depends(require_admin_key)])
     app.include_router(health.router)
+    app.include_router(ui.page_router)
+    app.include_router(ui.api_router)
     _install_docs(app)
     _install_error_handlers(app)
     return app
@@ -264,8 +289,12 @@ async def _finish_idle_sessions(state: AppState) -> None:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    metrics: Metrics = app.state.metrics
+
     @app.exception_handler(ProxyError)
-    async def proxy_error(_: Request, exc: ProxyError) -> JSONResponse:
+    async def proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
+        metrics.failed(exc.status_code, exc.code, isinstance(exc, EngineError))
+        metrics.turn_refused(request.url.path)
         retry = exc.retry_after_s
         if retry is None and exc.status_code == 503:
             retry = app.state.proxy.settings.retry_after_s if hasattr(app.state, "proxy") else 5.0
@@ -273,18 +302,23 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(exc.envelope(), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         location = [str(part) for part in first.get("loc", ()) if part != "body"]
         param = ".".join(location) or None
         message = f"{first.get('msg', 'invalid request')}" + (f" (at {param})" if param else "")
         error = InvalidRequest(message, param=param, code=_validation_code(first))
+        metrics.failed(400, error.code, False)
+        metrics.turn_refused(request.url.path)
         return JSONResponse(error.envelope(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        body = {"error": {"message": str(exc.detail), "type": kind, "param": None, "code": None}}
+        metrics.failed(exc.status_code, None, False)
+        body = with_request_id(
+            {"error": {"message": str(exc.detail), "type": kind, "param": None, "code": None}}
+        )
         return JSONResponse(body, status_code=exc.status_code)
 
     @app.exception_handler(Exception)
@@ -292,7 +326,14 @@ def _install_error_handlers(app: FastAPI) -> None:
         if is_database_failure(exc):  # raised outside a guarded session (GuardedSession maps those)
             mapped = database_error(exc)
             log.warning("database failure: %s", mapped.message)
-            return JSONResponse(mapped.envelope(), status_code=mapped.status_code)
+            metrics.failed(mapped.status_code, mapped.code, False)
+            retry = app.state.proxy.settings.retry_after_s if hasattr(app.state, "proxy") else 5.0
+            return JSONResponse(
+                mapped.envelope(),
+                status_code=mapped.status_code,
+                headers={"Retry-After": str(max(1, math.ceil(retry)))},
+            )
         log.exception("unexpected error", exc_info=exc)
+        metrics.failed(500, "internal_error", False)
         error = ProxyError("internal error in tito-proxy; see its log")
         return JSONResponse(error.envelope(), status_code=500)

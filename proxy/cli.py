@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -50,6 +49,11 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8000)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="text (default) or json: one object per line with request_id; also TITO_LOG_FORMAT",
+    )
     serve.add_argument(
         "--history-mode",
         choices=["exact", "template"],
@@ -119,6 +123,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "host",
         "port",
         "log_level",
+        "log_format",
         "history_mode",
         "drift_report",
         "tool_parser",
@@ -148,15 +153,16 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proxy.app import create_app
+    from proxy.observe.logs import configure
 
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure(settings.log_level, settings.log_format)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        # uvicorn's own loggers (access lines included) go through the root handler, in its format.
+        log_config=None,
         # Turns in flight may finish; then they are cancelled (the local engine stops between tokens).
         timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
@@ -273,6 +279,30 @@ def _progress(label: str) -> Any:
     return bar()
 
 
+def _show(args: argparse.Namespace) -> int:
+    """Print one path of a session with the viewer's colouring."""
+    import httpx
+
+    from proxy.observe.terminal import pick_path, render
+
+    headers = {"Authorization": f"Bearer {args.admin_key}"} if args.admin_key else {}
+    base = f"{args.url.rstrip('/')}/ui/api/sessions/{args.session_id}"
+    with httpx.Client(headers=headers, timeout=120) as client:
+        detail = client.get(base)
+        if detail.status_code != 200:
+            print(f"tito-proxy show: HTTP {detail.status_code}: {detail.text}", file=sys.stderr)
+            return 1
+        try:
+            path = pick_path(detail.json(), args.segment)
+        except LookupError as exc:
+            print(f"tito-proxy show: {exc}", file=sys.stderr)
+            return 1
+        tokens = client.get(f"{base}/tokens", params={"path": path})
+        tokens.raise_for_status()
+    sys.stdout.write(render(tokens.json()))
+    return 0
+
+
 def _demo_model(args: argparse.Namespace) -> int:
     from proxy.demo_model import build_demo_model
 
@@ -314,6 +344,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     export.add_argument(
         "--admin-key", default=os.environ.get("TITO_ADMIN_KEY"), help="the proxy's admin key (TITO_ADMIN_KEY)"
     )
+    show = sub.add_parser(
+        "show", help="print a session's segment in the terminal, coloured by mask and logprob"
+    )
+    show.add_argument("session_id")
+    show.add_argument("--url", default="http://127.0.0.1:8000", help="the proxy's base URL")
+    show.add_argument("--segment", type=int, help="segment id (default: the session's first)")
+    show.add_argument(
+        "--admin-key", default=os.environ.get("TITO_ADMIN_KEY"), help="the proxy's admin key (TITO_ADMIN_KEY)"
+    )
     check = sub.add_parser("check-template", help="run the chat-template self-test and print its verdict")
     check.add_argument("--tokenizer", type=Path, required=True)
     check.add_argument(
@@ -332,6 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _migrate(args)
     if args.command == "check-template":
         return _check_template(args)
+    if args.command == "show":
+        return _show(args)
     if args.command == "export":
         if args.ack and not args.consumer:
             parser.error("--ack needs --consumer")

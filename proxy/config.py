@@ -46,6 +46,8 @@ class Settings(BaseSettings):
     # A generation lost to an engine restart is continued once the engine is back within this long;
     # 0: the turn fails with 503 at once.
     engine_restart_wait_s: float = Field(default=0.0, ge=0)
+    # json: one JSON object per line (time, level, logger, message, request_id, session_id).
+    log_format: Literal["text", "json"] = "text"
     # A comment is sent on a silent stream this often, so that proxies and clients keep it open.
     stream_keepalive_s: float = Field(default=15.0, gt=0)
     # Sessions with no call for this long are finished (and so exported); 0 turns it off.

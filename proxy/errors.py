@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.observe import context
+
 
 class ProxyError(Exception):
     status_code = 500
@@ -42,14 +44,24 @@ class ProxyError(Exception):
         self.code = code if code is not None else self.default_code
 
     def envelope(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.error_type,
-                "param": self.param,
-                "code": self.code,
+        return with_request_id(
+            {
+                "error": {
+                    "message": self.message,
+                    "type": self.error_type,
+                    "param": self.param,
+                    "code": self.code,
+                }
             }
-        }
+        )
+
+
+def with_request_id(body: dict[str, Any]) -> dict[str, Any]:
+    """An error envelope with the request's id (also in the `x-request-id` header), for bug reports."""
+    request_id = context.request_id.get()
+    if request_id is not None:
+        body["error"]["request_id"] = request_id
+    return body
 
 
 class InvalidRequest(ProxyError):

@@ -36,6 +36,7 @@ from proxy.errors import (
     ProxyError,
     SessionFinished,
 )
+from proxy.observe.metrics import Metrics
 from proxy.store.codec import IdArray, pack_ids, pack_logprobs, unpack_ids
 from proxy.store.prompts import ContextCache, Recorded, rebuild, text_chars
 from proxy.store.turn_store import ContinuedCall, NewCall, TurnStore, TurnWrite
@@ -85,6 +86,7 @@ class PromptPlan:
     boundary_edits: list[dict[str, Any]]
     history: list[Message] = field(default_factory=list)  # the parent's recorded conversation
     appended: list[Message] = field(default_factory=list)
+    new_segment_reason: str = "new_conversation"  # why a plan without a parent opens a segment
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,7 @@ class TurnRunner:
             self.in_flight[session_id] -= 1
             if not self.in_flight[session_id]:
                 del self.in_flight[session_id]
+        self.metrics: Metrics | None = None  # set by the app; None in tests that build a runner alone
 
     async def prepare(self, session_id: str, request: TurnRequest) -> PreparedTurn:
         """Everything before the engine call: the session, the prompt ids, bounded sampling."""
@@ -226,7 +229,9 @@ class TurnRunner:
                     boundary_edits=[],
                     history=recorded.conversation,
                 )
-        return PromptPlan(prompt=ids, added=ids, parent=None, boundary_edits=[])
+        return PromptPlan(
+            prompt=ids, added=ids, parent=None, boundary_edits=[], new_segment_reason="token_prompt"
+        )
 
     async def run(
         self, session_id: str, request: TurnRequest, *, client_gone: asyncio.Event | None = None
@@ -307,6 +312,10 @@ class TurnRunner:
                 ],
             )
         )
+        if self.metrics is not None:
+            statuses = [call.status for call, _ in built]
+            sampled = sum(len(generation.output_ids) for _, generation in generations)
+            self._observe(self.metrics, turn, statuses, sampled, (generated, done))
         results = []
         for call_id, (call, output), (index, generation) in zip(call_ids, built, generations, strict=True):
             if call.status == "ok":
@@ -328,6 +337,25 @@ class TurnRunner:
                 )
             )
         return results
+
+    def _observe(
+        self, metrics: Metrics, turn: PreparedTurn, statuses: list[str], sampled: int, at: tuple[float, float]
+    ) -> None:
+        recorded = self._clock()
+        generated, done = at
+        metrics.turn_recorded(
+            turn.request.dialect,
+            statuses,
+            {
+                "render": turn.rendered - turn.started,
+                "engine": generated - turn.rendered,
+                "record": recorded - done,
+                "total": recorded - turn.started,
+            },
+            (len(turn.plan.prompt) * len(statuses), sampled),
+        )
+        if turn.plan.parent is None:
+            metrics.segments.labels(turn.plan.new_segment_reason).inc()
 
     def _remember(self, turn: PreparedTurn, call_id: int, generation: Generation, reply: Message) -> None:
         plan = turn.plan
@@ -372,6 +400,8 @@ class TurnRunner:
                 "matched_token": generation.finish.matched_token,
                 "matched_text": generation.finish.matched_text,
                 "message": generation.finish.message,
+                # Why this call opened a new segment (the viewer shows it on the branch tree).
+                **({"segment_reason": plan.new_segment_reason} if plan.parent is None else {}),
             },
             boundary_edits=plan.boundary_edits,
             # A continuation stores only what it appended; its history is its parent's conversation.
@@ -439,10 +469,14 @@ class TurnRunner:
         template_now: datetime,
     ) -> PromptPlan:
         continued: PromptPlan | None = None
+        reason = "new_conversation"
+        if any(m["role"] == "assistant" for m in request.messages):
+            reason = "history_not_matched"
         if parent is not None:
             try:
                 continued = await self._continue(request, parent, appended, template_now)
             except DeltaUnavailable as exc:
+                reason = "delta_unavailable"
                 log.info("session %s: new segment: %s", parent.session_id, exc)
         if continued is not None and self.history_mode == "exact":
             return continued
@@ -460,7 +494,11 @@ class TurnRunner:
         prompt = np.asarray(rendered, dtype=np.int32)
         if continued is not None and np.array_equal(continued.prompt, prompt):
             return continued  # template mode: the stream is exactly what a fresh render gives
-        return PromptPlan(prompt=prompt, added=prompt, parent=None, boundary_edits=[])
+        if continued is not None:
+            reason = "template_render_differs"
+        return PromptPlan(
+            prompt=prompt, added=prompt, parent=None, boundary_edits=[], new_segment_reason=reason
+        )
 
     async def _continue(
         self,

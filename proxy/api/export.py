@@ -19,6 +19,7 @@ from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
 from proxy.export.branches import BranchFilter
 from proxy.export.formats import jsonl, metadata_type, parquet_stream, require_pyarrow
 from proxy.export.samples import merged_rows, stepwise_rows
+from proxy.observe.export_tally import ExportTally
 from proxy.store.models import CallRow, FinishedRow, SessionRow
 from proxy.store.repository import Repository, utcnow
 from proxy.store.selection import ExportStatus, Selection, Snapshot, selected_pages, take_snapshot
@@ -155,8 +156,8 @@ def _refuse_unknown(request: Request) -> None:
 
 @router.get("/export")
 async def export(
-    state: StateDep,
     request: Request,
+    state: StateDep,
     *,
     mode: Mode = "merged",
     format: Literal["jsonl", "parquet"] = "jsonl",
@@ -193,7 +194,8 @@ async def export(
     row_filter = RowFilter(mode, branches, min_weight_version, limit, whole_groups)
     # The first page is read before the status line goes out, so that a failing database is a 503.
     rest = export_pages(state, selection, snapshot, row_filter)
-    pages = _chained(await anext(rest, None), rest)
+    tally = ExportTally(request.app.state.metrics, mode, format)
+    pages = tally.rows_of(_chained(await anext(rest, None), rest))
     if format == "parquet":
 
         async def metas() -> AsyncIterator[list[dict[str, Any]]]:
@@ -203,14 +205,14 @@ async def export(
 
         metadata = await metadata_type(metas())
         return StreamingResponse(
-            parquet_stream(mode, pages, metadata), media_type="application/vnd.apache.parquet"
+            tally.bytes_of(parquet_stream(mode, pages, metadata)), media_type="application/vnd.apache.parquet"
         )
 
     async def lines() -> AsyncIterator[bytes]:
         async for rows in pages:
             yield jsonl(rows)
 
-    return StreamingResponse(lines(), media_type="application/x-ndjson")
+    return StreamingResponse(tally.bytes_of(lines()), media_type="application/x-ndjson")
 
 
 @router.get("/sessions/{session_id}/samples")

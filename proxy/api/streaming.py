@@ -26,7 +26,7 @@ from proxy.chat.parsing import OutputParser
 from proxy.chat.streaming import StreamedMessage
 from proxy.chat.token_pieces import TokenPieces
 from proxy.engines.base import Engine, FinishReason, Generation, StreamChunk, TopLogprobs
-from proxy.errors import InvalidEngineAnswer, ProxyError
+from proxy.errors import EngineError, InvalidEngineAnswer, ProxyError
 from proxy.turns import PreparedTurn, TurnResult, TurnRunner
 
 log = logging.getLogger("tito_proxy.stream")
@@ -178,6 +178,8 @@ async def _choice_events(
                 piece = pending.result()
             except StopAsyncIteration:
                 break
+            if not ids and piece.output_ids and turns.metrics is not None:
+                turns.metrics.ttft.observe(time.perf_counter() - turn.started)
             ids += piece.output_ids
             logprobs += piece.logprobs
             if top is not None and piece.top_logprobs is not None:
@@ -222,6 +224,8 @@ async def _choice_events(
             break
     except ProxyError as exc:
         invalid = isinstance(exc, InvalidEngineAnswer)
+        if turns.metrics is not None:
+            turns.metrics.failed(exc.status_code, exc.code, isinstance(exc, EngineError))
         yield sse(exc.envelope())
     finally:
         if pending is not None and not pending.done():

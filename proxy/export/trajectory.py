@@ -159,7 +159,8 @@ def build_trajectories(
 def _log_drift(session_id: str, trajectory: SegmentTrajectory) -> None:
     drift = trajectory.drift
     if drift.get("counts"):
-        log.info("session %s segment %s drift %s", session_id, trajectory.segment_id, drift["counts"])
+        # Debug only: an export logs one line per request (with the drift totals), not one per segment.
+        log.debug("session %s segment %s drift %s", session_id, trajectory.segment_id, drift["counts"])
     for difference in drift.get("differences", []):
         if not difference["allowed"]:
             log.warning(

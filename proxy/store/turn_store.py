@@ -15,7 +15,8 @@ import json
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, cast
@@ -216,6 +217,9 @@ def recording_error(error: BaseException) -> ProxyError:
 class TurnStore(abc.ABC):
     """The reads of the turn path, given a way to run a query, and its commit."""
 
+    # Told each commit's group size and seconds (metrics); called from the writer thread on SQLite.
+    on_commit: Callable[[int, float], None] | None = None
+
     @abc.abstractmethod
     async def _rows(self, query: Query, params: dict[str, Any]) -> Sequence[Any]: ...
 
@@ -261,6 +265,7 @@ class AsyncTurnStore(TurnStore):
             return (await db.execute(query, params)).all()
 
     async def record(self, write: TurnWrite) -> list[int]:
+        began = time.perf_counter()
         try:
             async with self._engine.begin() as db:
                 [call_ids] = await db.run_sync(write_turns, [write])
@@ -268,6 +273,8 @@ class AsyncTurnStore(TurnStore):
             if is_database_failure(exc):
                 raise recording_error(exc) from exc
             raise
+        if self.on_commit is not None:
+            self.on_commit(1, time.perf_counter() - began)
         return call_ids
 
     async def close(self) -> None:
@@ -356,7 +363,10 @@ class SqliteTurnStore(TurnStore):
                         stopping = True
                         break
                     group.append(waiting)
+                began = time.perf_counter()
                 self._commit(db, group)
+                if self.on_commit is not None:
+                    self.on_commit(len(group), time.perf_counter() - began)
                 if stopping:
                     return
 

@@ -24,7 +24,7 @@ def _post(url: str, body: Any, path: str = "/v1/chat/completions") -> httpx.Resp
 def _error(response: httpx.Response, status: int) -> dict[str, Any]:
     assert response.status_code == status, response.text
     error: dict[str, Any] = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
+    assert set(error) == {"message", "type", "param", "code", "request_id"}
     assert error["message"]
     return error
 

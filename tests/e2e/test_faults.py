@@ -47,7 +47,7 @@ def test_engine_faults_answer_in_the_envelope_and_record_nothing(
         # Faults found before the first byte is sent are HTTP errors, streamed or not.
         assert response.status_code == status, response.text
         error = response.json()["error"]
-        assert set(error) == {"message", "type", "param", "code"}
+        assert set(error) == {"message", "type", "param", "code", "request_id"}
         assert error["type"] == "engine_error"
         assert error["code"] == code
         assert message in error["message"]

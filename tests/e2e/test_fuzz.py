@@ -46,7 +46,7 @@ def _assert_answered_in_the_envelope(response: Any, path: str = "") -> None:
             assert body["type"] == "error"
             assert set(body["error"]) == {"type", "message"}
             return
-        assert set(body["error"]) == {"message", "type", "param", "code"}
+        assert set(body["error"]) == {"message", "type", "param", "code", "request_id"}
 
 
 def test_schemathesis_finds_no_server_error(fuzz_url: str) -> None:

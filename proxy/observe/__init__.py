@@ -1,0 +1,1 @@
+"""Observability: request ids, structured logs, Prometheus metrics and the trajectory viewer."""

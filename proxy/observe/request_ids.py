@@ -1,0 +1,62 @@
+"""ASGI middleware: accept or generate `x-request-id`, return it, and expose it to logs and errors."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from proxy.observe import context
+
+HEADER = b"x-request-id"
+MAX_LENGTH = 128
+# Printable ASCII without spaces: the id goes verbatim into headers and log lines.
+_VALID = re.compile(rf"^[\x21-\x7e]{{1,{MAX_LENGTH}}}$")
+_SESSION_PATH = re.compile(r"^/(?:sessions|ui/api/sessions)/([^/]+)")
+
+
+def accepted_id(presented: bytes | None) -> str:
+    """The client's id when it is a sane token, else a fresh one (a bad id is replaced, not refused:
+    a tracing header must never fail a turn)."""
+    if presented is not None:
+        text = presented.decode("latin-1")
+        if _VALID.match(text):
+            return text
+    return uuid.uuid4().hex
+
+
+def session_of(path: str, headers: dict[bytes, bytes]) -> str | None:
+    found = _SESSION_PATH.match(path)
+    if found:
+        return found.group(1)[:MAX_LENGTH]
+    header = headers.get(b"x-session-id")
+    return header.decode("latin-1")[:MAX_LENGTH] if header else None
+
+
+class RequestIdMiddleware:
+    """Outermost layer, so that even a 500 answered by Starlette carries the id."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        rid = accepted_id(headers.get(HEADER))
+        context.request_id.set(rid)
+        context.session_id.set(session_of(scope["path"], headers))
+        raw = rid.encode()
+
+        async def send_with_id(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [
+                    *(h for h in message.get("headers", []) if h[0].lower() != HEADER),
+                    (HEADER, raw),
+                ]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
