@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import concurrency, rerender, storage_export, streaming_ttft, turn_latency
+from bench import concurrency, floor, rerender, storage_export, streaming_ttft, turn_latency
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = re.compile(r"(<!-- bench:start -->\n).*?(<!-- bench:end -->)", re.DOTALL)
@@ -29,6 +29,8 @@ def run(quick: bool) -> dict[str, Any]:
     render = rerender.measure()
     print("concurrency and memory ...", flush=True)
     load = concurrency.measure(256, 8, round(10_000 * scale))
+    print("the floor: pass-through proxy, tito-proxy, engine alone ...", flush=True)
+    side_by_side = floor.measure(256, 4, 64)
     print("storage and export ...", flush=True)
     storage = storage_export.measure(max(2, round(8 * scale)))
     return {
@@ -39,6 +41,7 @@ def run(quick: bool) -> dict[str, Any]:
         "rerender": render,
         "concurrency": load,
         "storage_export": storage,
+        "floor": side_by_side,
     }
 
 
@@ -79,8 +82,17 @@ def table(results: dict[str, Any]) -> str:
         f"{load['rss_mib_with_open_sessions']} MiB | |",
         f"| Bytes on disk per token (whole SQLite file) | {storage['db_bytes_per_token']} | ≤ 10 |",
         f"| Bytes per token of the token arrays alone | {storage['token_blob_bytes_per_token']} | |",
-        f"| Export, merged, tokens per second | {storage['export_merged_tokens_per_s']:,} | |",
+        f"| Export, merged, tokens per second (JSON lines) | "
+        f"{storage['export_merged_tokens_per_s']:,} | ≥ 20 M |",
+        f"| Export, merged, tokens per second (Parquet) | "
+        f"{storage.get('export_merged_parquet_tokens_per_s', 0):,} | ≥ 20 M |",
+        f"| Export, step-wise, tokens per second (JSON lines) | "
+        f"{storage.get('export_stepwise_tokens_per_s', 0):,} | ≥ 20 M |",
+        f"| Export, step-wise, tokens per second (Parquet) | "
+        f"{storage.get('export_stepwise_parquet_tokens_per_s', 0):,} | ≥ 20 M |",
     ]
+    if "floor" in results:
+        lines += ["", *floor_table(results["floor"])]
     machine = results["machine"]
     lines.append("")
     lines.append(
@@ -88,6 +100,38 @@ def table(results: dict[str, Any]) -> str:
         "client, proxy and engine stand-in on the same machine: `.venv/bin/python -m bench`."
     )
     return "\n".join(lines) + "\n"
+
+
+def floor_table(side: dict[str, Any]) -> list[str]:
+    """tito-proxy next to the pass-through floor and the engine alone, measured in one run."""
+    ratios = side["ratios"]
+    lines = [
+        f"| Side by side, one run ({side['sessions']} sessions x {side['turns_per_session']} turns; "
+        f"a {side['long_turns']}-turn tool conversation) | Engine alone | Pass-through floor | tito-proxy |"
+        " tito / floor |",
+        "|---|---|---|---|---|",
+    ]
+    systems = (side["engine_alone"], side["floor"], side["tito"])
+
+    def row(label: str, key: str, ratio: str | None, unit: str = "") -> str:
+        cells = " | ".join("" if s[key] is None else f"{s[key]:,}{unit}" for s in systems)
+        return f"| {label} | {cells} | {ratios[ratio] if ratio else ''} |"
+
+    lines += [
+        row("Turns per second", "turns_per_s", "turns_per_s_tito_over_floor"),
+        row(
+            "Proxy CPU per turn (process CPU time)", "cpu_ms_per_turn", "cpu_per_turn_tito_over_floor", " ms"
+        ),
+        row("Turn latency p50", "p50_ms", "p50_tito_over_floor", " ms"),
+        row("Turn latency p99", "p99_ms", None, " ms"),
+        row("p99 / p50", "p99_over_p50", None),
+        row("First turn of the long conversation", "turn_1_ms", None, " ms"),
+        row("Last turn of the long conversation", "turn_last_ms", "last_turn_over_first_tito", " ms"),
+        "| Outlier turns (> 10x p50: turn, ms) | "
+        + " | ".join(str(s["outliers"] or "none") for s in systems)
+        + " | |",
+    ]
+    return lines
 
 
 def main() -> None:
