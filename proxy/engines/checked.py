@@ -103,6 +103,9 @@ class CheckedEngine:
         self.supports_constraints = inner.supports_constraints
         self.limits: ContextLimits = inner.limits
 
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self.inner, attribute)  # an engine's extras: report, honours_seed, wire_sampling...
+
     async def generate(
         self, input_ids: PromptIds, params: SamplingParams, request_id: str | None = None
     ) -> Generation:

@@ -31,7 +31,7 @@ def _nested(depth: int) -> Any:
 def _error(response: httpx.Response, status: int) -> dict[str, Any]:
     assert response.status_code == status, response.text
     error: dict[str, Any] = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
+    assert set(error) == {"message", "type", "param", "code", "request_id"}
     return error
 
 

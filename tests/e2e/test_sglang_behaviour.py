@@ -170,13 +170,15 @@ def test_the_engines_weight_version_at_start_is_dispatched_until_the_trainer_set
 def test_an_aborted_call_records_no_openai_finish_reason(
     start_proxy: ProxyFactory, engine: FakeSGLang, qwen_tokenizer: Tokenizer, tmp_path: Path
 ) -> None:
-    # SGLang answers an aborted request (/abort_request) with its partial output and finish "abort".
-    ids = qwen_tokenizer.encode(" word" * 6).ids
+    # SGLang answers an aborted request (/abort_request) with finish "abort". An abort after sampled
+    # tokens is continued (a weight sync's, proxy/engines/resuming.py), and one before any token is
+    # retried once: the second abort before any token ends the turn as aborted.
     db = tmp_path / "aborted.db"
     with start_proxy(db=db) as url:
         for session in ("plain", "streamed"):
             body = {"model": "m", "messages": USER, "stream": session == "streamed"}
-            engine.push(ids, finish={"type": "abort", "message": "Abort by /abort_request"})
+            for _ in range(2):
+                engine.push([], finish={"type": "abort", "message": "Abort by /abort_request"})
             response = httpx.post(f"{url}/sessions/{session}/v1/chat/completions", json=body, timeout=30)
             assert "engine_aborted" in response.text
     with sqlite3.connect(db) as connection:

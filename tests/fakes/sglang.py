@@ -345,6 +345,14 @@ class FakeSGLang:
                     raise ConnectionResetError("the engine died mid-stream")
                 if self.chunk_delay_s:
                     await asyncio.sleep(self.chunk_delay_s)
+            if not ids:
+                # Nothing sampled (an abort before the first token): one chunk still names the finish.
+                chunk = {
+                    "text": "",
+                    "output_ids": [],
+                    "meta_info": self._meta(body, prompt, ([], []), finish, 0),
+                }
+                yield f"data: {json.dumps(chunk)}\n\n"
             yield "data: [DONE]\n\n"
         except asyncio.CancelledError:
             self.stream_closed = True
