@@ -12,7 +12,8 @@ import orjson
 from proxy.errors import UnsupportedParameter
 
 EXPORT_FORMATS = ("jsonl", "parquet")
-# The fields of a boundary edit (turns.py); every edit carries them all, null where they do not apply.
+# The fields of a boundary edit (proxy/turns/planning.py); every edit carries them all, null where
+# they do not apply.
 BOUNDARY_EDIT_FIELDS = ("kind", "position", "call_id", "token", "sampled", "rendered")
 
 

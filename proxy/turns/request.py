@@ -1,0 +1,86 @@
+"""The turn core's plain data: the request it takes, the plan and prepared turn, the result it gives."""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from proxy.chat.messages import Message, canonical
+from proxy.chat.parsing import OutputParser, ParsedOutput
+from proxy.engines.base import Generation, SamplingParams
+from proxy.store.codec import IdArray
+from proxy.store.turn_store import ContinuedCall
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """A chat request reduced to what decides the tokens."""
+
+    messages: list[Message]
+    tools: list[dict[str, Any]] | None
+    template_kwargs: dict[str, Any] | None
+    sampling: SamplingParams
+    max_tokens_requested: int | None
+    raw: dict[str, Any] = field(default_factory=dict)
+    choices: int = 1  # OpenAI's n: each choice is sampled and recorded as its own branch
+    parse_tools: bool = True  # False for tool_choice "none"
+    idempotency_key: str | None = None
+    request_hash: str | None = None
+    # A /v1/completions prompt as ids: sent as given, continuing a recorded call it extends.
+    prompt_ids: list[int] | None = None
+    # The wire format the request came in (proxy/dialects/), recorded with the call; nothing else reads it.
+    dialect: str = "chat"
+
+    @property
+    def is_completion(self) -> bool:
+        return self.prompt_ids is not None
+
+    @functools.cached_property
+    def canonical_messages(self) -> list[list[Any]]:
+        """The messages in matching form, once: both the parent lookup and the new call key on them."""
+        return [canonical(m) for m in self.messages]
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    prompt: IdArray
+    added: IdArray
+    parent: ContinuedCall | None
+    boundary_edits: list[dict[str, Any]]
+    history: list[Message] = field(default_factory=list)  # the parent's recorded conversation
+    appended: list[Message] = field(default_factory=list)
+    new_segment_reason: str = "new_conversation"  # why a plan without a parent opens a segment
+
+
+@dataclass(frozen=True)
+class PreparedTurn:
+    """A turn ready for the engine."""
+
+    session_id: str
+    request: TurnRequest
+    plan: PromptPlan
+    params: SamplingParams
+    template_now: datetime
+    dispatched_version: str | None
+    started: float
+    rendered: float
+    reasoning_open: bool
+    parser: OutputParser
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # shared by the request's choices
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    call_id: int
+    session_id: str
+    output: ParsedOutput
+    finish_reason: str | None  # None: aborted, answered with an error
+    prompt_tokens: int
+    completion_tokens: int
+    generation: Generation
+    choice_index: int = 0
+    # The request's id (shared by its choices): answers are named by it, plain, streamed or replayed.
+    request_id: str = ""

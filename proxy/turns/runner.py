@@ -1,0 +1,184 @@
+"""TurnRunner: one turn end to end (plan, sample, record, answer text) for every session.
+
+It composes the planner (proxy/turns/planning.py), the recorder (recording.py) and the answer text
+(answer_text.py); the call is committed before the caller sees the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from typing import Any
+
+from proxy.chat.call_format import choose_parser
+from proxy.chat.parsing import OutputParser, ParsedOutput
+from proxy.chat.renderer import Renderer
+from proxy.engines.base import Engine, FinishReason, Generation
+from proxy.errors import ClientClosedRequest, EngineError, SessionFinished
+from proxy.observe.metrics import Metrics
+from proxy.store.prompts import ContextCache
+from proxy.store.turn_store import TurnStore
+from proxy.turns.answer_text import AnswerText
+from proxy.turns.planning import TurnPlanner
+from proxy.turns.recording import TurnRecorder
+from proxy.turns.request import PreparedTurn, TurnRequest, TurnResult
+
+
+class TurnRunner:
+    """Runs chat turns for every session of this process."""
+
+    def __init__(
+        self,
+        *,
+        renderer: Renderer,
+        engine: Engine,
+        store: TurnStore,
+        context_length: int | None,
+        parser: OutputParser | None = None,
+        history_mode: str = "exact",
+        contexts: ContextCache | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.renderer = renderer
+        self.engine = engine
+        self.store = store
+        self.context_length = context_length
+        self.history_mode = history_mode
+        # Set by the trainer (POST /admin/weight_version); used when the engine reports no version.
+        self.trainer_weight_version: str | None = None
+        self.parser = parser or choose_parser(renderer)[0]
+        self.contexts = contexts or ContextCache()
+        self._clock = clock
+        # Sessions with a turn under way in this process: the idle sweep leaves them open.
+        self.in_flight: Counter[str] = Counter()
+        # The parts share the renderer, store and context cache: what one records the other continues.
+        self.answers = AnswerText(renderer, self.parser)
+        self.planner = TurnPlanner(
+            renderer=renderer,
+            engine=engine,
+            store=store,
+            contexts=self.contexts,
+            context_length=context_length,
+            history_mode=history_mode,
+        )
+        self.recorder = TurnRecorder(
+            engine=engine, store=store, contexts=self.contexts, answers=self.answers, clock=clock
+        )
+
+    @property
+    def metrics(self) -> Metrics | None:
+        """The app's metrics (None in tests that build a runner alone); the recorder updates them."""
+        return self.recorder.metrics
+
+    @metrics.setter
+    def metrics(self, metrics: Metrics | None) -> None:
+        self.recorder.metrics = metrics
+
+    @contextlib.contextmanager
+    def busy(self, session_id: str) -> Iterator[None]:
+        """Marks the session as having a turn under way until the turn is answered."""
+        self.in_flight[session_id] += 1
+        try:
+            yield
+        finally:
+            self.in_flight[session_id] -= 1
+            if not self.in_flight[session_id]:
+                del self.in_flight[session_id]
+
+    async def prepare(self, session_id: str, request: TurnRequest) -> PreparedTurn:
+        """Everything before the engine call: the session, the prompt ids, bounded sampling."""
+        started = self._clock()
+        session = await self.store.session_state(session_id)
+        if session is not None and session.status == "finished":
+            raise SessionFinished(f"session {session_id!r} is finished; start a new one", param="session_id")
+        # A new session pins the date it is first rendered with; it is created with its first call.
+        template_now = session.template_now if session is not None else datetime.now()
+        plan, params = await self.planner.plan(session_id, request, template_now)
+        return PreparedTurn(
+            session_id=session_id,
+            request=request,
+            plan=plan,
+            params=params,
+            template_now=template_now,
+            # The trainer-set version current when the call goes out.
+            dispatched_version=self.trainer_weight_version,
+            started=started,
+            rendered=self._clock(),
+            reasoning_open=self.answers.reasoning_open(plan.prompt),
+            parser=self.parser_for(request),
+        )
+
+    def parser_for(self, request: TurnRequest) -> OutputParser:
+        return self.answers.parser_for(request)
+
+    async def run(
+        self, session_id: str, request: TurnRequest, *, client_gone: asyncio.Event | None = None
+    ) -> list[TurnResult]:
+        """Sample every choice, then commit them together: all are recorded, or none. When
+        `client_gone` is set before the commit, the engine requests are aborted and what they
+        sampled is recorded as aborted (never exported), then ClientClosedRequest is raised."""
+        gone = client_gone or asyncio.Event()
+        turn = await self.prepare(session_id, request)
+        if gone.is_set():
+            raise ClientClosedRequest("the client left before its turn was sampled")
+        request_ids = [uuid.uuid4().hex for _ in range(request.choices)]  # fixed length: see sglang.py
+        sampling: asyncio.Future[list[Generation]] = asyncio.ensure_future(
+            asyncio.gather(*(self.engine.generate(turn.plan.prompt, turn.params, rid) for rid in request_ids))
+        )
+        watching: asyncio.Future[Any] = asyncio.ensure_future(gone.wait())
+        try:
+            await asyncio.wait({sampling, watching}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            sampling.cancel()
+            raise
+        finally:
+            watching.cancel()
+        if gone.is_set():
+            await self.recorder.abandon(turn, sampling, request_ids)
+        generations = await sampling
+        results = await self.record_choices(turn, list(enumerate(generations)))
+        for generation in generations:
+            if generation.finish.kind == "abort":
+                raise EngineError(
+                    f"the engine aborted the request: {generation.finish.message}", code="engine_aborted"
+                )
+        return results
+
+    async def record(
+        self, turn: PreparedTurn, generation: Generation, *, status: str | None = None, choice_index: int = 0
+    ) -> TurnResult:
+        """Commit one call, then remember its context; the caller answers only after this returns."""
+        (result,) = await self.record_choices(turn, [(choice_index, generation)], status=status)
+        return result
+
+    async def record_choices(
+        self,
+        turn: PreparedTurn,
+        generations: Sequence[tuple[int, Generation]],
+        *,
+        status: str | None = None,
+    ) -> list[TurnResult]:
+        """Commit the calls of one request in one transaction, then remember their contexts."""
+        return await self.recorder.record_choices(turn, generations, status=status)
+
+    async def encode_prompt_text(self, text: str) -> list[int]:
+        """A /v1/completions text prompt as SGLang tokenizes it (the tokenizer's BOS included)."""
+        return await self.planner.encode_prompt_text(text)
+
+    def close(self) -> None:
+        """Stop the render workers; a render still running ends on its own (it cannot be interrupted)."""
+        self.planner.close()
+
+    def output_text(self, output_ids: Sequence[int], finish: FinishReason | None) -> str:
+        """The text of sampled ids as parsers see it (stop token and matched stop string removed)."""
+        return self.answers.output_text(output_ids, finish)
+
+    def parse(
+        self, generation: Generation, *, reasoning_open: bool = False, parser: OutputParser | None = None
+    ) -> ParsedOutput:
+        return self.answers.parse(generation, reasoning_open=reasoning_open, parser=parser)
