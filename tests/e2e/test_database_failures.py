@@ -61,7 +61,7 @@ def _fill(disk: Path) -> Path:
 def _unavailable(response: httpx.Response, code: str = "database_unavailable") -> dict[str, Any]:
     assert response.status_code == 503, response.text
     error: dict[str, Any] = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
+    assert set(error) == {"message", "type", "param", "code", "request_id"}
     assert error["code"] == code
     return error
 
