@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import math
+import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -16,13 +17,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy import native_memory
 from proxy.api import admin, export, health, models, sessions, weight_sync
 from proxy.api.auth import require_admin_key, require_harness_key
 from proxy.api.groups import group_from_headers
 from proxy.api.limits import BodyLimit
+from proxy.api.retries import RetryGuard
 from proxy.app_state import AppState
 from proxy.chat.call_format import choose_parser
 from proxy.chat.renderer import Renderer
@@ -44,6 +46,7 @@ from proxy.observe import metrics_route, ui
 from proxy.observe.logs import install_record_ids
 from proxy.observe.metrics import Metrics
 from proxy.observe.request_ids import RequestIdMiddleware
+from proxy.store.claims import RetryClaims
 from proxy.store.database import (
     create_engine,
     database_error,
@@ -195,6 +198,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             model_name=model_name,
             context_length=context_length,
             tool_parser=parser_report,
+            retries=RetryGuard(claims=RetryClaims(db_sessions) if settings.workers > 1 else None),
         )
         app.state.proxy.turns.metrics = metrics
         async with db_sessions() as db:
@@ -237,6 +241,8 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     app.include_router(ui.api_router)
     _install_docs(app)
     _install_error_handlers(app)
+    if settings.workers > 1:
+        app.add_middleware(WorkerHeader)
     return app
 
 
@@ -265,6 +271,32 @@ def _validation_code(error: Mapping[str, Any]) -> str:
     if error.get("type") == "json_invalid" and "depth limit" in str((error.get("ctx") or {}).get("error")):
         return "json_too_deep"  # orjson stops at 1,024 levels
     return "invalid_value"
+
+
+def app_from_env() -> FastAPI:
+    """The app of one `--workers` process (uvicorn imports it by name): settings from TITO_*."""
+    return create_app(Settings())
+
+
+class WorkerHeader:
+    """Names the serving process in `X-Tito-Worker` (its pid), so that a client of several workers
+    can tell which one answered. Plain ASGI: no per-request task as a BaseHTTPMiddleware would cost."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.header = (b"x-tito-worker", str(os.getpid()).encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def named(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), self.header]
+            await send(message)
+
+        await self.app(scope, receive, named)
 
 
 def _freeze_startup_heap() -> None:

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from proxy.chat.parsing import PARSER_NAMES
+
+if TYPE_CHECKING:
+    from proxy.config import Settings
 
 
 def _serve_parser(sub: Any) -> None:
@@ -83,6 +87,11 @@ def _serve_parser(sub: Any) -> None:
         "--drift-report", choices=["strict", "ignore_strippable", "disable"], help="default strict"
     )
     serve.add_argument(
+        "--workers",
+        type=int,
+        help="processes serving the port, sharing only the database (default 1); also TITO_WORKERS",
+    )
+    serve.add_argument(
         "--allow-unauthenticated",
         action="store_const",
         const=True,
@@ -138,6 +147,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "retry_after_s",
         "engine_restart_wait_s",
         "max_body_bytes",
+        "workers",
     )
     given = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     return Settings(**given)
@@ -156,17 +166,47 @@ def _serve(args: argparse.Namespace) -> int:
     from proxy.observe.logs import configure
 
     configure(settings.log_level, settings.log_format)
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
+    common: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": settings.log_level,
         # uvicorn's own loggers (access lines included) go through the root handler, in its format.
-        log_config=None,
+        "log_config": None,
         # Turns in flight may finish; then they are cancelled (the local engine stops between tokens).
-        timeout_graceful_shutdown=settings.shutdown_grace_s,
-    )
+        "timeout_graceful_shutdown": settings.shutdown_grace_s,
+    }
+    if settings.workers == 1:
+        uvicorn.run(create_app(settings), **common)
+        return 0
+    from proxy.store.database import upgrade_blocking
+
+    # Migrated once here, so that the workers' start-ups find the schema at head and change nothing.
+    upgrade_blocking(settings.db)
+    # Workers are fresh processes: they build their settings from TITO_* as this process resolved them.
+    os.environ.update(worker_environment(settings))
+    uvicorn.run("proxy.app:app_from_env", factory=True, workers=settings.workers, **common)
     return 0
+
+
+def worker_environment(settings: Settings) -> dict[str, str]:
+    """The TITO_* variables of `--workers` processes: these settings, and one reasoning secret for all
+    (a seal one process issued must verify on whichever process the echo reaches)."""
+    env = settings_environment(settings)
+    env.setdefault("TITO_REASONING_SECRET", secrets.token_hex(32))
+    return env
+
+
+def settings_environment(settings: Settings) -> dict[str, str]:
+    """TITO_* variables that give a worker process these very settings."""
+    env = {}
+    for name in settings.model_fields_set:
+        value = getattr(settings, name)
+        if value is None:
+            continue
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        env[f"TITO_{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
+    return env
 
 
 def _migrate(args: argparse.Namespace) -> int:

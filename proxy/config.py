@@ -83,6 +83,8 @@ class Settings(BaseSettings):
     # Signs the reasoning we sampled (Anthropic thinking signatures, Responses encrypted_content), so an
     # echoed copy is recognised after a restart too; random per process when unset.
     reasoning_secret: SecretStr | None = None
+    # Processes serving one port (uvicorn workers); they share only the database.
+    workers: int = Field(default=1, ge=1, le=64)
 
     @model_validator(mode="after")
     def _tokenizer_source(self) -> Settings:

@@ -19,6 +19,7 @@ from datetime import timedelta
 from proxy.chat.parsing import ParsedOutput
 from proxy.engines.base import FinishReason, Generation
 from proxy.errors import Conflict
+from proxy.store.claims import RetryClaims
 from proxy.store.codec import unpack_ids, unpack_logprobs
 from proxy.store.models import CallRow
 from proxy.store.repository import Repository, utcnow
@@ -59,8 +60,10 @@ class RetryGuard:
     """Per-process locks on retry identities. A waiter gives up after `wait_s` (its original may be
     a stream whose client vanished before it started) and samples afresh."""
 
-    def __init__(self, wait_s: float = 600.0) -> None:
+    def __init__(self, wait_s: float = 600.0, claims: RetryClaims | None = None) -> None:
         self.wait_s = wait_s
+        # With several worker processes, the database also orders duplicates across processes.
+        self.claims = claims
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._holders: dict[tuple[str, str], int] = {}
 
@@ -85,7 +88,11 @@ class RetryGuard:
                 log.warning(
                     "session %s: retry waited %.0f s for its original; sampling anew", session_id, self.wait_s
                 )
-            yield
+            if self.claims is None:
+                yield
+            else:
+                async with self.claims.claim(session_id, identity.lock_name, self.wait_s):
+                    yield
         finally:
             if acquired:
                 lock.release()

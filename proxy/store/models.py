@@ -83,6 +83,8 @@ class CallRow(Base):
         Index("ix_calls_session_history", "session_id", "history_key"),
         Index("ix_calls_session_idempotency", "session_id", "idempotency_key"),
         Index("ix_calls_session_request_hash", "session_id", "request_hash"),
+        # Ids are never reused (processes cache contexts by call id): AUTOINCREMENT on SQLite.
+        {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -110,3 +112,15 @@ class CallRow(Base):
     # What a retry of this request carries: its Idempotency-Key, and a hash of its body.
     idempotency_key: Mapped[str | None] = mapped_column(String(256), nullable=True)
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class RetryClaimRow(Base):
+    """A request identity (Idempotency-Key or body hash) one process is answering right now; its
+    duplicates on other processes wait for the row to go, then replay the recorded answer."""
+
+    __tablename__ = "retry_claims"
+
+    session_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    name: Mapped[str] = mapped_column(String(300), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64))
+    claimed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,121 @@
+"""`serve --workers N`: processes on one port sharing only the database, a session's turns landing on
+any of them, its trajectory exact."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from tokenizers import Tokenizer
+
+from tests.fakes.sglang import FakeSGLang
+from tests.invariants import assert_invariants
+from tests.support import spawn_proxy, token_id
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'workers.db'}"
+    url: str = request.getfixturevalue("postgres_url")
+    return url
+
+
+def test_a_conversation_whose_turns_land_on_two_workers_records_one_exact_trajectory(
+    database_url: str, engine: FakeSGLang, qwen_dir: Path, qwen_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    env = {"TITO_DB": database_url, "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
+    im_end = token_id(qwen_tokenizer, "<|im_end|>")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "count"}]
+    outputs, workers = [], []
+    with spawn_proxy(["--tokenizer", str(qwen_dir), "--workers", "2"], env, tmp_path / "serve.log") as (
+        _,
+        url,
+    ):
+        for turn in range(40):
+            text = f"step {turn}"
+            outputs.append(engine.push([*qwen_tokenizer.encode(text, add_special_tokens=False).ids, im_end]))
+            # A new connection per turn: the kernel hands it to either worker.
+            reply = httpx.post(
+                f"{url}/sessions/spread/v1/chat/completions",
+                json={"model": "m", "messages": messages, "max_tokens": 16},
+                headers={"connection": "close"},
+                timeout=60,
+            )
+            assert reply.status_code == 200, reply.text
+            workers.append(reply.headers["x-tito-worker"])
+            messages += [reply.json()["choices"][0]["message"], {"role": "user", "content": "next"}]
+            if turn >= 5 and len(set(workers)) == 2:
+                break
+        assert len(set(workers)) == 2, f"every turn landed on one worker: {workers}"
+        assert httpx.post(f"{url}/sessions/spread/finish").status_code == 200
+        rows = httpx.get(f"{url}/export", timeout=60).json()
+    assert (rows["num_calls"], rows["branch"]) == (len(workers), "final")
+    assert_invariants(rows, engine.requests, outputs)
+
+
+def _wait_for_two_workers(url: str) -> None:
+    """serve is healthy once one worker is; the test needs both listening."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + 60
+    while len(seen) < 2:
+        assert time.monotonic() < deadline, f"only workers {seen} answered"
+        seen.add(httpx.get(f"{url}/health", headers={"connection": "close"}).headers["x-tito-worker"])
+
+
+async def _send_all(url: str, session: str, body: dict[str, Any], copies: int) -> list[httpx.Response]:
+    # Each copy on its own connection, so that both workers get some.
+    async def one() -> httpx.Response:
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await client.post(
+                f"{url}/sessions/{session}/v1/chat/completions",
+                json=body,
+                headers={"idempotency-key": "turn-1"},
+            )
+
+    return list(await asyncio.gather(*(one() for _ in range(copies))))
+
+
+def _duplicates_round(
+    url: str, session: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> list[httpx.Response]:
+    """24 copies of one request in one session, the original still sampling when the others arrive."""
+    im_end = token_id(qwen_tokenizer, "<|im_end|>")
+    engine.script.clear()
+    engine.requests.clear()
+    engine.push([*qwen_tokenizer.encode("the only answer", add_special_tokens=False).ids, im_end])
+    engine.push([*qwen_tokenizer.encode("a second sample", add_special_tokens=False).ids, im_end])
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
+    return asyncio.run(_send_all(url, session, body, 24))
+
+
+def test_concurrent_duplicates_on_two_workers_are_answered_once(
+    database_url: str, engine: FakeSGLang, qwen_dir: Path, qwen_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    env = {"TITO_DB": database_url, "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
+    engine.fault, engine.hang_s = "hang", 0.5
+    with spawn_proxy(["--tokenizer", str(qwen_dir), "--workers", "2"], env, tmp_path / "serve.log") as (
+        _,
+        url,
+    ):
+        _wait_for_two_workers(url)
+        # The kernel need not spread one burst over both workers (on a busy host one may accept them
+        # all): rounds in fresh sessions until one does.
+        for round_ in range(6):
+            session = f"dup{round_}"
+            replies = _duplicates_round(url, session, engine, qwen_tokenizer)
+            assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+            if len({r.headers["x-tito-worker"] for r in replies}) == 2:
+                break
+        assert len({r.headers["x-tito-worker"] for r in replies}) == 2, "all copies went to one worker"
+        assert {r.json()["choices"][0]["message"]["content"] for r in replies} == {"the only answer"}
+        assert [r.headers.get("x-tito-replayed") for r in replies].count(None) == 1
+        assert len(engine.requests) == 1
+        assert httpx.post(f"{url}/sessions/{session}/finish").status_code == 200
+        steps = httpx.get(f"{url}/export", params={"mode": "stepwise", "branches": "all"}).text.splitlines()
+    assert len([line for line in steps if orjson.loads(line)["session_id"] == session]) == 1
