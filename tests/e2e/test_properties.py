@@ -76,6 +76,8 @@ def template_proxy(
         yield url
 
 
+# A failing example's report reprs the fixtures (over 200 kB): the failure itself must show, not that.
+@pytest.mark.filterwarnings("ignore:Generating overly large repr")
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(turns=st.lists(TURN, min_size=2, max_size=4))
 def test_random_conversations_keep_every_sampled_token(
