@@ -146,7 +146,14 @@ class DriftClassifier:
         while common < min(len(s_ids), len(r_ids)) and s_ids[common] == r_ids[common]:
             common += 1
         tail = 0
-        while tail < min(len(s_ids), len(r_ids)) - common and s_ids[-1 - tail] == r_ids[-1 - tail]:
+        # A last turn cut short ends the stream on a sampled token, where the render writes a close
+        # and a separator: a sampled newline there only looks like the separator, it is not one.
+        truncated_end = s1 == len(stream.ids) and r1 == len(render) and stream.sampled[s1 - 1]
+        while (
+            not truncated_end
+            and tail < min(len(s_ids), len(r_ids)) - common
+            and s_ids[-1 - tail] == r_ids[-1 - tail]
+        ):
             tail += 1
         # Judge the differing tokens only: a text piece also holds role headers and shared text.
         s_diff, r_diff = s_ids[common : len(s_ids) - tail], r_ids[common : len(r_ids) - tail]
@@ -282,19 +289,23 @@ class DriftClassifier:
         return None
 
     def _trim_truncation_tail(self, s_diff: list[int], r_diff: list[int], r_keep: list[int]) -> None:
-        """Drop from `r_keep` what a render writes after a last turn cut short: its close, a
-        separator, and the end of reasoning the stream left open."""
+        """Drop from `r_keep` what a render writes after a last turn cut short: its close, what
+        follows the close, and the end of reasoning the stream left open. Whitespace before the
+        close stays: it is the turn's own text (a sampled newline the render may fuse with others)."""
         texts = [self._decode([t]) for t in r_diff]
-        open_reasoning = self._decode(s_diff).count("</think>") < "".join(texts).count("</think>")
-        while r_keep:
-            text = texts[r_keep[-1]]
-            if r_diff[r_keep[-1]] in self._specials or not text.strip():
-                r_keep.pop()
-            elif text == "</think>" and open_reasoning:
-                r_keep.pop()
-                open_reasoning = False
-            else:
-                return
+        tail = len(r_keep)
+        while tail and (r_diff[r_keep[tail - 1]] in self._specials or not texts[r_keep[tail - 1]].strip()):
+            tail -= 1
+        while tail < len(r_keep) and r_diff[r_keep[tail]] not in self._specials:
+            tail += 1
+        del r_keep[tail:]
+        if self._decode(s_diff).count("</think>") >= "".join(texts).count("</think>"):
+            return
+        end = len(r_keep)
+        while end and not texts[r_keep[end - 1]].strip():
+            end -= 1
+        if end and texts[r_keep[end - 1]] == "</think>":
+            del r_keep[end - 1 :]
 
     def _own_or_think(self, stream: StreamFacts, position: int) -> bool:
         """Sampled, or part of a think opener the generation prompt pre-filled."""

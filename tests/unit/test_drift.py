@@ -390,3 +390,15 @@ def test_a_last_turn_cut_in_its_reasoning_after_a_newline_stays_allowed(tok: Tok
     stream = [*prompt, *_enc(tok, "<think>\n000"), *_enc(tok, " "), *_enc(tok, "\n")]
     render = [*prompt, *_enc(tok, "<think>\n000 \n</think>\n\n<|im_end|>\n")]
     assert all(d.allowed for d in classifier.compare(_facts(stream, len(prompt), len(stream), close), render))
+
+
+def test_truncated_last_turn_of_one_newline_merges_with_the_generation_prompt(tok: Tokenizer) -> None:
+    """A last turn cut after a sampled newline: the render fuses it with the header's newline and
+    writes a close and separator; the stream's newline is sampled, never the render's separator."""
+    classifier, close = _setup(tok)
+    prompt = _enc(tok, "<|im_start|>user\nTask<|im_end|>\n<|im_start|>assistant\n")
+    stream = [*prompt, *_enc(tok, "\n")]
+    render = _enc(tok, "<|im_start|>user\nTask<|im_end|>\n<|im_start|>assistant\n\n<|im_end|>\n")
+    differences = classifier.compare(_facts(stream, len(prompt), len(stream), close), render)
+    assert differences
+    assert all(d.allowed for d in differences), differences
