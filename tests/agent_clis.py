@@ -3,6 +3,7 @@ configuration that runs each offline against a local proxy (../shared/docs/agent
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -21,6 +22,14 @@ def installed(name: str) -> Path:
     """The CLI's binary, installed with npm on first use; raises RuntimeError with the reason when
     npm is missing or the install fails."""
     prefix = cli_prefix() / name
+    prefix.mkdir(parents=True, exist_ok=True)
+    # Test processes running in parallel (pytest-xdist) install into one prefix: one at a time.
+    with (prefix.parent / f".{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _install(name, prefix)
+
+
+def _install(name: str, prefix: Path) -> Path:
     binary = prefix / "node_modules" / ".bin" / name
     marker = prefix / f".installed-{PACKAGES[name].rsplit('@', 1)[1]}"
     if binary.exists() and marker.exists():
@@ -28,7 +37,6 @@ def installed(name: str) -> Path:
     npm = shutil.which("npm")
     if npm is None or shutil.which("node") is None:
         raise RuntimeError("npm and node are not installed (apt-get install nodejs npm)")
-    prefix.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
         [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", PACKAGES[name]],
         capture_output=True,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,22 @@ def _chat_template_from(directory: Path, config: dict[str, Any]) -> str:
     )
 
 
+# Parsing a 150k-token vocabulary takes about half a second; a process that loads the same one again
+# (`check-template` then `serve`, an app restarted in-process) reuses it. The proxy never mutates a
+# Tokenizer (no truncation, padding or added tokens), so sharing one is safe.
+_PARSED: OrderedDict[bytes, Tokenizer] = OrderedDict()
+_PARSED_KEPT = 2
+
+
+def _parsed(tokenizer_json: bytes) -> Tokenizer:
+    digest = hashlib.blake2b(tokenizer_json, digest_size=16).digest()
+    tokenizer = _PARSED.pop(digest, None) or Tokenizer.from_str(tokenizer_json.decode("utf-8"))
+    _PARSED[digest] = tokenizer
+    while len(_PARSED) > _PARSED_KEPT:
+        _PARSED.popitem(last=False)
+    return tokenizer
+
+
 def load_tokenizer_files(directory: Path) -> TokenizerFiles:
     tokenizer_json = directory / "tokenizer.json"
     if not tokenizer_json.is_file():
@@ -94,7 +112,7 @@ def load_tokenizer_files(directory: Path) -> TokenizerFiles:
             special_tokens[name] = text
     return TokenizerFiles(
         directory=directory,
-        tokenizer=Tokenizer.from_file(str(tokenizer_json)),
+        tokenizer=_parsed(tokenizer_json.read_bytes()),
         chat_template=_chat_template_from(directory, config),
         special_tokens=special_tokens,
         add_bos_token=bool(config.get("add_bos_token", False)),

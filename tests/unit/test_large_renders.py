@@ -24,8 +24,10 @@ def _text(chars: int, seed: int) -> str:
     rng = random.Random(seed)
     alphabet = ["word", " ", "\n", "é", "漢字", "🌍", "  ", "12", ".", "<|im_end|>", "\t", "'s"]
     parts: list[str] = []
-    while sum(map(len, parts)) < chars:
+    total = 0
+    while total < chars:
         parts.append(rng.choice(alphabet))
+        total += len(parts[-1])
     return "".join(parts)
 
 
