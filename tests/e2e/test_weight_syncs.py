@@ -170,13 +170,15 @@ def test_a_stream_aborted_by_a_paused_sync_resumes_after_it(
     vllm.weight_version = "v1"
     vllm.chunk_delay_s = 0.05
     ids = [*qwen_tokenizer.encode(" one two three four five six seven eight", add_special_tokens=False).ids]
-    vllm.push([*ids, token_id(qwen_tokenizer, "<|im_end|>")])
+    # Long enough (6 s of chunks) that the pause's abort lands mid-stream on a busy machine too.
+    first = ids * 15
+    vllm.push([*first, token_id(qwen_tokenizer, "<|im_end|>")])
     vllm.push([*ids, token_id(qwen_tokenizer, "<|im_end|>")])  # what the continuation samples
     with vllm_proxy() as url:
         events: list[dict[str, Any]] = []
 
         def stream() -> httpx.Response:
-            body = {"model": "m", "messages": USER, "max_tokens": 64, "stream": True}
+            body = {"model": "m", "messages": USER, "max_tokens": 256, "stream": True}
             with httpx.stream("POST", f"{url}/sessions/st/v1/chat/completions", json=body, timeout=60) as r:
                 for line in r.iter_lines():
                     if line.startswith("data: {"):
@@ -201,5 +203,6 @@ def test_a_stream_aborted_by_a_paused_sync_resumes_after_it(
     spans = call["engine_meta"]["weight_versions"]
     assert [s["version"] for s in spans] == ["v1", "v2"]
     held = spans[0]["end"]
-    assert vllm.requests[1]["token_ids"][-held:] == ids[:held]
-    assert message["content"] == qwen_tokenizer.decode([*ids[:held], *ids])
+    assert 3 <= held < len(first)
+    assert vllm.requests[1]["token_ids"][-held:] == first[:held]
+    assert message["content"] == qwen_tokenizer.decode([*first[:held], *ids])
