@@ -335,6 +335,7 @@ class FakeSGLang:
         piece: tuple[list[int], list[float]],
         finish: dict[str, Any] | None,
         total: int,
+        *,
         sampled: list[int] | None = None,
     ) -> dict[str, Any]:
         ids, logprobs = piece
@@ -380,7 +381,7 @@ class FakeSGLang:
                         (ids[start:end], logprobs[start:end]),
                         finish if last else None,
                         end,
-                        ids[:end],
+                        sampled=ids[:end],
                     ),
                 }
                 yield f"data: {json.dumps(chunk)}\n\n"
