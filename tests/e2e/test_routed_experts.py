@@ -14,6 +14,9 @@ from typing import Any
 import httpx
 import pyarrow.parquet as pq
 
+from proxy.export.samples import merge_steps
+from proxy.trainers.verifiers import step_tokens
+from proxy.trainers.verl import verl_batch
 from tests.conftest import ProxyFactory
 from tests.fakes.sglang import FakeSGLang
 from tests.support import chat, stream_events
@@ -78,11 +81,26 @@ def test_routed_experts_are_recorded_and_exported_over_a_continued_conversation(
         assert table.column("routed_experts").to_pylist() == [merged["routed_experts"]]
         lines = httpx.get(f"{url}/export", params={"mode": "stepwise"}).text.splitlines()
         assert [json.loads(line)["routed_experts"] for line in lines] == [s["routed_experts"] for s in steps]
+        _check_trainers(merged, steps)
     with sqlite3.connect(db) as conn:
         blobs = [row[0] for row in conn.execute("SELECT routed_experts FROM calls ORDER BY id")]
     positions = len(merged["routed_experts"])
     # 1-2 bytes per expert slot (ids past 255 here: uint16) plus a 9-byte header per call.
     assert sum(len(b) for b in blobs) <= positions * SHAPE[0] * SHAPE[1] * 2 + 9 * len(blobs)
+
+
+def _check_trainers(merged: dict[str, Any], steps: list[dict[str, Any]]) -> None:
+    """verl's R3 tensor (aligned with input_ids, prompts left-padded) and verifiers' step tokens."""
+    batch = verl_batch([merged], pad_id=0, prompt_length=len(merged["prompt_ids"]) + 2)
+    tensor = batch.tensors["routed_experts"]
+    positions = len(merged["routed_experts"])
+    assert tensor.shape == (1, batch.tensors["input_ids"].shape[1], *SHAPE)
+    assert tensor[0, 2 : 2 + positions].tolist() == merged["routed_experts"]
+    assert not tensor[0, :2].any()
+    assert not tensor[0, 2 + positions :].any()
+    assert [step_tokens(step)["routed_experts"] for step in steps] == [s["routed_experts"] for s in steps]
+    assert merge_steps(steps)[0]["routed_experts"] == merged["routed_experts"]
+    assert merge_steps(steps)[0]["response_routed_experts"] == merged["response_routed_experts"]
 
 
 def test_a_streamed_turn_records_its_routed_experts(start_proxy: ProxyFactory, engine: FakeSGLang) -> None:
