@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
 
-from proxy.api.model_names import ModelNames, routed_experts_shape
+from proxy.api.model_names import ModelNames
 from proxy.api.retries import RetryGuard
 from proxy.chat.call_format import ToolParserReport
 from proxy.chat.renderer import Renderer
@@ -50,11 +50,4 @@ class AppState:
             return None
         if not getattr(self.engine, "supports_routed_experts", False):
             raise ValueError(f"--record-routed-experts: the {self.engine.name} engine cannot return them")
-        shape = routed_experts_shape(settings.routed_experts_shape, [settings.tokenizer_dir, settings.model])
-        if shape is None and self.engine.name == "sglang":
-            raise ValueError(
-                "--record-routed-experts: SGLang sends routed experts without their shape, and no "
-                "config.json with num_hidden_layers and num_experts_per_tok is beside the tokenizer: "
-                "set --routed-experts-shape LAYERS,TOP_K"
-            )
-        return shape
+        return settings.routed_experts_dims

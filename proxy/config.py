@@ -106,6 +106,27 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _routed_experts_readable(self) -> Settings:
+        if not self.record_routed_experts:
+            return self
+        if self.engine == "local":
+            raise ValueError("--record-routed-experts: the local engine cannot return routed experts")
+        if self.engine == "sglang" and self.routed_experts_dims is None:
+            raise ValueError(
+                "--record-routed-experts: SGLang sends routed experts without their shape, and no "
+                "config.json with num_hidden_layers and num_experts_per_tok is beside the tokenizer "
+                "or model: set --routed-experts-shape LAYERS,TOP_K"
+            )
+        return self
+
+    @property
+    def routed_experts_dims(self) -> tuple[int, int] | None:
+        """(layers, top_k) of the MoE model: the flag, else its config.json."""
+        from proxy.model_source import routed_experts_shape
+
+        return routed_experts_shape(self.routed_experts_shape, [self.tokenizer_dir, self.model])
+
+    @model_validator(mode="after")
     def _keys_beyond_loopback(self) -> Settings:
         if is_loopback(self.host) or self.allow_unauthenticated:
             return self

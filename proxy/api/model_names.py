@@ -14,12 +14,10 @@ adapter loaded at run time is served without a restart.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from proxy.errors import ModelNotFound, ProxyError
@@ -57,6 +55,8 @@ class ModelNames:
         self._listed_at: float | None = None
         self._lock: asyncio.Lock | None = None
         self._ever_listed: set[str] = set()
+        # Why the last listing failed: an unknown name is then refused, since it may be an adapter.
+        self._failure: ProxyError | None = None
 
     @property
     def serves_adapters(self) -> bool:
@@ -76,8 +76,9 @@ class ModelNames:
                 listed = await self.engine.adapters()
             except ProxyError as exc:
                 log.warning("cannot list the engine's LoRA adapters: %s", exc.message)
+                self._failure = exc
                 return self._listed
-            self._listed, self._listed_at = listed, self._clock()
+            self._listed, self._listed_at, self._failure = listed, self._clock(), None
             self._ever_listed |= listed.keys()
         return self._listed
 
@@ -92,6 +93,8 @@ class ModelNames:
             listed = await self.adapters(older_than=REFRESH_S)  # loaded since the last listing?
         if name in listed:
             return ModelChoice(name, name)
+        if self._failure is not None:
+            raise self._failure  # it may name an adapter loaded meanwhile: never guess the base model
         if name in self._ever_listed:
             raise ModelNotFound(
                 f"the LoRA adapter {name!r} is no longer loaded on the engine; it is never sampled by "
@@ -101,21 +104,3 @@ class ModelNames:
             served = ", ".join(sorted(self.base_names | listed.keys()))
             raise ModelNotFound(f"The model {name!r} does not exist: this proxy serves {served}")
         return ModelChoice(name, None)
-
-
-def routed_experts_shape(declared: str | None, directories: Iterable[Path | None]) -> tuple[int, int] | None:
-    """(layers, top_k) of a MoE model: `LAYERS,TOP_K` as declared, else its config.json's
-    num_hidden_layers and num_experts_per_tok (what SGLang sizes its routing buffers by)."""
-    if declared:
-        layers, _, top_k = declared.replace("x", ",").partition(",")
-        return int(layers), int(top_k)
-    for directory in directories:
-        config_file = directory / "config.json" if directory is not None else None
-        if config_file is None or not config_file.is_file():
-            continue
-        config = json.loads(config_file.read_text())
-        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-        layers, top_k = text.get("num_hidden_layers"), text.get("num_experts_per_tok")
-        if isinstance(layers, int) and isinstance(top_k, int):
-            return layers, top_k
-    return None

@@ -13,7 +13,10 @@ from typing import Any
 
 import httpx
 import pyarrow.parquet as pq
+import pytest
+from pydantic import ValidationError
 
+from proxy.config import Settings
 from proxy.export.samples import merge_steps
 from proxy.trainers.verifiers import step_tokens
 from proxy.trainers.verl import verl_batch
@@ -154,3 +157,13 @@ def test_without_the_flag_nothing_is_asked_or_exported(proxy_url: str, engine: F
     assert "return_routed_experts" not in engine.requests[-1]
     [row] = _samples(proxy_url, "plain")
     assert row["routed_experts"] is None
+
+
+def test_the_start_fails_when_routings_cannot_be_read(qwen_dir: Path) -> None:
+    # The test tokenizer has no config.json: SGLang's shapeless arrays could not be read.
+    with pytest.raises(ValidationError, match="--routed-experts-shape"):
+        Settings(tokenizer=qwen_dir, record_routed_experts=True)
+    with pytest.raises(ValidationError, match="local engine"):
+        Settings(engine="local", model=qwen_dir, record_routed_experts=True)
+    assert Settings(tokenizer=qwen_dir, engine="vllm", record_routed_experts=True).routed_experts_dims is None
+    assert Settings(tokenizer=qwen_dir, **MOE).routed_experts_dims == SHAPE  # type: ignore[arg-type]
