@@ -51,6 +51,16 @@ SAMPLING_KEYS = frozenset(
 )
 
 
+def routing(position: int, token: int, shape: tuple[int, int], num_experts: int = 300) -> list[list[int]]:
+    """The stand-ins' made-up routing of the forward pass fed `token` at `position`: a function of
+    both, so tests recompute what any split of a sequence over requests must add up to."""
+    layers, top_k = shape
+    return [
+        [(token * 31 + position * 7 + layer * 5 + k) % num_experts for k in range(top_k)]
+        for layer in range(layers)
+    ]
+
+
 @dataclass
 class ScriptedOutput:
     """What the fake engine samples next: ids with their logprobs, cut by the request's stop rules."""
@@ -271,13 +281,8 @@ class FakeSGLang:
         return {"routed_experts": base64.b64encode(array.tobytes()).decode("ascii")}
 
     def experts_at(self, position: int, token: int) -> list[list[int]]:
-        """The made-up routing of the forward pass fed `token` at `position` (tests recompute it)."""
         assert self.routed_experts_shape is not None
-        layers, top_k = self.routed_experts_shape
-        return [
-            [(token * 31 + position * 7 + layer * 5 + k) % self.num_experts for k in range(top_k)]
-            for layer in range(layers)
-        ]
+        return routing(position, token, self.routed_experts_shape, self.num_experts)
 
     def _error_event(self) -> str:
         """An error SGLang finds after admitting a stream: an event in the 200 stream (measured)."""
