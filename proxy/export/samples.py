@@ -169,6 +169,7 @@ _LISTED = (
     ("call_reward", "call_rewards"),
     ("finish_reason", "finish_reasons"),
     ("weight_version", "weight_versions"),
+    ("adapter", "adapters"),
 )
 # Values a run takes from its first step, and from its last.
 _FIRST = ("cursor", "session_id", "group_id", "sample_index", "group_size", "trajectory_id", "metadata")

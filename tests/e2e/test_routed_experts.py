@@ -78,6 +78,9 @@ def test_routed_experts_are_recorded_and_exported_over_a_continued_conversation(
             _check_row(engine, row)
         [merged] = _samples(url, "moe", "merged")
         _check_row(engine, merged)
+        [segment] = httpx.get(f"{url}/sessions/moe/trajectory").json()["segments"]
+        assert segment["routed_experts"] == merged["routed_experts"]
+        assert segment["response_routed_experts"] == merged["response_routed_experts"]
         assert None in merged["response_routed_experts"]  # the user turn in between: mask 0
         httpx.post(f"{url}/sessions/moe/finish").raise_for_status()
         table = pq.read_table(io.BytesIO(httpx.get(f"{url}/export", params={"format": "parquet"}).content))
