@@ -5,10 +5,12 @@ adapter is never the base model; listings are cached briefly and refreshed on an
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
 from proxy.api.model_names import ModelChoice, ModelNames
+from proxy.config import Settings
 from proxy.errors import EngineUnavailable, ModelNotFound
 
 
@@ -108,3 +110,35 @@ def test_an_engine_that_cannot_list_keeps_the_last_listing() -> None:
             await names.choose("unknown")  # perhaps an adapter loaded meanwhile: not guessed
 
     asyncio.run(run())
+
+
+def test_the_flags_reach_the_settings_and_the_workers(qwen_dir: Path) -> None:
+    import argparse
+
+    from proxy.cli import _serve_parser, _settings_from, settings_environment
+
+    parser = argparse.ArgumentParser()
+    _serve_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(
+        [
+            "serve",
+            "--tokenizer",
+            str(qwen_dir),
+            "--engine",
+            "vllm",
+            "--model-aliases",
+            "a, b",
+            "--strict-model-names",
+            "--record-routed-experts",
+            "--routed-experts-shape",
+            "48,8",
+        ]
+    )
+    settings = _settings_from(args)
+    assert settings.model_alias_names == ["a", "b"]
+    assert (settings.strict_model_names, settings.record_routed_experts) == (True, True)
+    assert settings.routed_experts_dims == (48, 8)
+    assert (
+        Settings(**{k.removeprefix("TITO_").lower(): v for k, v in settings_environment(settings).items()})
+        == settings
+    )
