@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -138,7 +139,7 @@ def test_the_flags_reach_the_settings_and_the_workers(qwen_dir: Path) -> None:
     assert settings.model_alias_names == ["a", "b"]
     assert (settings.strict_model_names, settings.record_routed_experts) == (True, True)
     assert settings.routed_experts_dims == (48, 8)
-    assert (
-        Settings(**{k.removeprefix("TITO_").lower(): v for k, v in settings_environment(settings).items()})
-        == settings
-    )
+    environment: dict[str, Any] = {
+        name.removeprefix("TITO_").lower(): value for name, value in settings_environment(settings).items()
+    }
+    assert Settings(**environment) == settings
