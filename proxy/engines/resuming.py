@@ -31,7 +31,7 @@ from proxy.engines.base import (
     TopLogprobs,
 )
 from proxy.engines.routed_experts import RoutedExperts
-from proxy.errors import EngineError, EngineMismatch, InvalidRequest, ProxyError
+from proxy.errors import EngineError, EngineMismatch, InvalidEngineAnswer, InvalidRequest, ProxyError
 from proxy.weight_sync import PauseGate
 
 log = logging.getLogger("tito_proxy.resuming")
@@ -64,8 +64,12 @@ class _Held:
             return
         if experts is None:
             self.experts, self.experts_lost = None, True
-        else:
+            return
+        try:
             self.experts = experts if self.experts is None else self.experts.then(experts)
+        except InvalidEngineAnswer as exc:  # the tokens are fine; only their routings cannot be joined
+            log.warning("routed experts of a resumed generation dropped: %s", exc.message)
+            self.experts, self.experts_lost = None, True
 
     def close_attempt(self, version: str | None, engine_spans: Any) -> None:
         """Record the finished attempt's version spans, shifted to where its output begins."""
