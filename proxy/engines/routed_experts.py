@@ -1,13 +1,13 @@
 """MoE routing replay: the experts each position was routed to, as engines send them, stored compactly.
 
 What the engines send (read in their source):
-- SGLang (python/sglang/srt/managers/io_struct.py, GenerateReqInput, main as of 2026-11): the
+- SGLang (python/sglang/srt/managers/io_struct.py at 001067f, GenerateReqInput; main in 2026-11): the
   request flags `return_routed_experts: bool` and `routed_experts_start_len: int` ("response covers
   `[routed_experts_start_len, seqlen - 1)`; must be in [0, prompt_tokens]"); the server needs
   `--enable-return-routed-experts`. The answer's `meta_info["routed_experts"]` is base64 of a C-order
   int32 array shaped (positions, num_hidden_layers, num_experts_per_tok)
-  (tokenizer_manager.py encodes `val.numpy().tobytes()`; layers/routed_experts_capturer.py sizes
-  its buffers from the model config's `num_hidden_layers` and `num_experts_per_tok`). The array says
+  (tokenizer_manager.py encodes `val.numpy().tobytes()`; layers/moe/routed_experts_capturer.py sizes
+  its buffers from hf_text_config's `num_hidden_layers` and `num_experts_per_tok`). The array says
   no shape, so the proxy needs the model's (config.json or --routed-experts-shape).
 - vLLM (../shared/docs/vllm-generate.md, vLLM 0.33.0): `sampling_params.routed_experts_prompt_start`;
   each choice's `routed_experts` is base64 of a NumPy `.npy` array (tokens - 1, layers,

@@ -1,5 +1,14 @@
 """A real HTTP server that speaks SGLang's native protocol (../shared/docs/sglang-generate.md) and
-answers with scripted token ids and logprobs, so tests know exactly what the engine "sampled"."""
+answers with scripted token ids and logprobs, so tests know exactly what the engine "sampled".
+
+LoRA as SGLang's source has it (entrypoints/http_server.py, lora/lora_registry.py): `/v1/models` lists
+each loaded adapter as {"id": name, "root": path, "parent": served model}; `/generate` takes
+`lora_path` (an adapter's name) and refuses one not loaded with a 400 "The following requested LoRA
+adapters are not loaded: ..."; `/load_lora_adapter` and `/unload_lora_adapter` change the set.
+Routed experts (managers/io_struct.py, tokenizer_manager.py): with `routed_experts_shape` set (the
+server's --enable-return-routed-experts), a request with `return_routed_experts` gets
+`meta_info["routed_experts"]`, base64 of int32 (positions, layers, top_k) over
+[routed_experts_start_len, prompt + output - 1); streamed, in the chunk with the finish reason."""
 
 from __future__ import annotations
 
