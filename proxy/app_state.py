@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
 
+from proxy.api.model_names import ModelNames
 from proxy.api.retries import RetryGuard
 from proxy.chat.call_format import ToolParserReport
 from proxy.chat.renderer import Renderer
@@ -34,3 +35,19 @@ class AppState:
 
     def __post_init__(self) -> None:
         self.pieces = TokenPieces(self.renderer.tokenizer, self.renderer.special_ids)
+        settings = self.settings
+        self.model_names = ModelNames(
+            self.engine,
+            base_names=[self.model_name, settings.model_name, *settings.model_alias_names],
+            strict=settings.strict_model_names,
+        )
+        self.routed_experts_shape = self._routed_experts_shape()
+
+    def _routed_experts_shape(self) -> tuple[int, int] | None:
+        """The MoE shape routed experts are read in; the start fails where they cannot be recorded."""
+        settings = self.settings
+        if not settings.record_routed_experts:
+            return None
+        if not getattr(self.engine, "supports_routed_experts", False):
+            raise ValueError(f"--record-routed-experts: the {self.engine.name} engine cannot return them")
+        return settings.routed_experts_dims

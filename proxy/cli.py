@@ -48,6 +48,22 @@ def _serve_parser(sub: Any) -> None:
         "already in the local Hugging Face cache (never downloaded)",
     )
     serve.add_argument("--served-model-name", help="model name reported by /v1/models")
+    serve.add_argument("--model-aliases", help="more names of the served model, comma-separated")
+    serve.add_argument(
+        "--strict-model-names",
+        action="store_const",
+        const=True,
+        help="a model that is neither served, an alias nor a LoRA adapter is a 404 (default: base model)",
+    )
+    serve.add_argument(
+        "--record-routed-experts",
+        action="store_const",
+        const=True,
+        help="record the MoE experts each token was routed to (SGLang --enable-return-routed-experts)",
+    )
+    serve.add_argument(
+        "--routed-experts-shape", help="LAYERS,TOP_K of the MoE model when its config.json is not found"
+    )
     serve.add_argument("--context-length", type=int, help="override the engine's context length")
     serve.add_argument("--db", help="SQLAlchemy URL (default sqlite:///tito-proxy.db)")
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
@@ -127,6 +143,10 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "local_max_new_tokens",
         "tokenizer",
         "served_model_name",
+        "model_aliases",
+        "strict_model_names",
+        "record_routed_experts",
+        "routed_experts_shape",
         "context_length",
         "db",
         "host",

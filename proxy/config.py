@@ -32,6 +32,15 @@ class Settings(BaseSettings):
     local_max_new_tokens: int = Field(default=512, gt=0)
     tokenizer: Path | None = None
     served_model_name: str | None = None
+    # More names of the served model (comma-separated), accepted as it under --strict-model-names.
+    model_aliases: str | None = None
+    # A request model that is neither the served model, an alias nor a loaded LoRA adapter: sampled by
+    # the base model and recorded as requested (default), or a 404 model_not_found (strict).
+    strict_model_names: bool = False
+    # Ask the engine for the MoE experts every position was routed to, and record them (routing replay).
+    record_routed_experts: bool = False
+    # "LAYERS,TOP_K" of the MoE model, where its config.json is not beside the tokenizer.
+    routed_experts_shape: str | None = Field(default=None, pattern=r"^\d+[,x]\d+$")
     context_length: int | None = Field(default=None, gt=0)
     db: str = "sqlite:///tito-proxy.db"
     host: str = "127.0.0.1"
@@ -97,6 +106,27 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _routed_experts_readable(self) -> Settings:
+        if not self.record_routed_experts:
+            return self
+        if self.engine == "local":
+            raise ValueError("--record-routed-experts: the local engine cannot return routed experts")
+        if self.engine == "sglang" and self.routed_experts_dims is None:
+            raise ValueError(
+                "--record-routed-experts: SGLang sends routed experts without their shape, and no "
+                "config.json with num_hidden_layers and num_experts_per_tok is beside the tokenizer "
+                "or model: set --routed-experts-shape LAYERS,TOP_K"
+            )
+        return self
+
+    @property
+    def routed_experts_dims(self) -> tuple[int, int] | None:
+        """(layers, top_k) of the MoE model: the flag, else its config.json."""
+        from proxy.model_source import routed_experts_shape
+
+        return routed_experts_shape(self.routed_experts_shape, [self.tokenizer_dir, self.model])
+
+    @model_validator(mode="after")
     def _keys_beyond_loopback(self) -> Settings:
         if is_loopback(self.host) or self.allow_unauthenticated:
             return self
@@ -114,6 +144,10 @@ class Settings(BaseSettings):
                 "pass --allow-unauthenticated (TITO_ALLOW_UNAUTHENTICATED=1) if an open proxy is wanted"
             )
         return self
+
+    @property
+    def model_alias_names(self) -> list[str]:
+        return [name.strip() for name in (self.model_aliases or "").split(",") if name.strip()]
 
     @property
     def model_source(self) -> ModelSource:

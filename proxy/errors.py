@@ -9,6 +9,7 @@ ProxyError                      500 server_error
 ├── Unauthorized                401 code=invalid_api_key (no key, or a wrong one)
 ├── Forbidden                   403 permission_error (the harness key on an admin route)
 ├── NotFound                    404 not_found_error
+│   └── ModelNotFound           404 code=model_not_found (unknown under --strict-model-names; adapter gone)
 ├── PayloadTooLarge             413 code=request_too_large (a body past --max-body-bytes)
 ├── ClientClosedRequest         499 (the client left before its answer; nobody reads this one)
 ├── Conflict                    409 conflict_error (a session id that is taken, or deleted mid-turn)
@@ -93,6 +94,16 @@ class NotFound(ProxyError):
     status_code = 404
     error_type = "not_found_error"
     default_code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    """OpenAI's answer for a model it does not serve: 404, invalid_request_error, model_not_found."""
+
+    error_type = "invalid_request_error"
+    default_code = "model_not_found"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="model")
 
 
 class ClientClosedRequest(ProxyError):

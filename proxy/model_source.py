@@ -7,8 +7,10 @@ from the same files. `org/name@revision` pins a revision (a commit hash or a ref
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,3 +69,21 @@ def _snapshot(cache: Path, model_id: str, revision: str) -> Path:
     if not snapshot.is_dir():
         raise ModelSourceError(f"{model_id}: revision {revision!r} has no snapshot in {repo}")
     return snapshot
+
+
+def routed_experts_shape(declared: str | None, directories: Iterable[Path | None]) -> tuple[int, int] | None:
+    """(layers, top_k) of a MoE model: `LAYERS,TOP_K` as declared, else its config.json's
+    num_hidden_layers and num_experts_per_tok (what SGLang sizes its routing buffers by)."""
+    if declared:
+        layers, _, top_k = declared.replace("x", ",").partition(",")
+        return int(layers), int(top_k)
+    for directory in directories:
+        config_file = directory / "config.json" if directory is not None else None
+        if config_file is None or not config_file.is_file():
+            continue
+        config = json.loads(config_file.read_text())
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+        layers, top_k = text.get("num_hidden_layers"), text.get("num_experts_per_tok")
+        if isinstance(layers, int) and isinstance(top_k, int):
+            return layers, top_k
+    return None

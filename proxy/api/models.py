@@ -25,15 +25,19 @@ async def template_report(state: StateDep) -> dict[str, Any]:
 
 @router.get("/models")
 async def list_models(state: StateDep) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": [
-            {
-                "id": state.model_name,
-                "object": "model",
-                "created": state.started_at,
-                "owned_by": "tito-proxy",
-                "max_model_len": state.context_length,
-            }
-        ],
+    """The served model, then the LoRA adapters the engine serves now, each with `parent` (the served
+    model) and `root` (where the engine loaded it from), as SGLang and vLLM list them."""
+    adapters = await state.model_names.adapters(older_than=0.0)
+    base = {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.started_at,
+        "owned_by": "tito-proxy",
+        "root": state.model_name,
+        "parent": None,
+        "max_model_len": state.context_length,
     }
+    cards = [
+        {**base, "id": name, "root": root, "parent": state.model_name} for name, root in adapters.items()
+    ]
+    return {"object": "list", "data": [base, *cards]}

@@ -195,7 +195,13 @@ async def _choice_events(
                 continue
             # The last chunk's text goes out from the final parse (view.finish), never twice.
             generation = Generation(
-                ids, logprobs, piece.finish, weight_version=version, meta=meta, top_logprobs=top
+                ids,
+                logprobs,
+                piece.finish,
+                weight_version=version,
+                meta=meta,
+                top_logprobs=top,
+                routed_experts=piece.routed_experts,  # the last chunk's, over the whole output
             )
             result = await turns.record(turn, generation, choice_index=index)  # committed first
             finished = True

@@ -24,7 +24,7 @@ from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice,
 from proxy.dialects.anthropic_output import MessageShape
 from proxy.dialects.anthropic_stream import message_events
 from proxy.dialects.seals import Sealer
-from proxy.dialects.shared import turn_request
+from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import run_turn
 from proxy.errors import ProxyError, UnsupportedParameter
 
@@ -182,6 +182,7 @@ async def create_message(
         raw=body.model_dump(exclude={"messages", "system", "tools"}, exclude_none=True),
         identity=identity,
     )
+    request = await for_model(state, request, body.model)
     shape = MessageShape(f"msg_{uuid.uuid4().hex}", body.model, sealer, tuple(body.stop_sequences or ()))
     headers = {"X-Session-Id": session_id}
     exit_stack = contextlib.AsyncExitStack()

@@ -19,6 +19,7 @@ from proxy.api.schemas import ChatCompletionRequest
 from proxy.api.streaming import StreamOptions
 from proxy.app_state import AppState
 from proxy.chat.constraints import response_format_constraint, tool_choice_constraint
+from proxy.dialects.shared import for_model
 from proxy.engines.base import SamplingParams
 from proxy.errors import UnsupportedParameter
 from proxy.turns import TurnRequest, TurnResult
@@ -142,7 +143,7 @@ async def chat_completions(
     return await answer(
         state,
         session_id,
-        _turn_request(body, state, identity),
+        await for_model(state, _turn_request(body, state, identity), body.model),
         identity,
         stream=bool(body.stream),
         options=options,

@@ -21,6 +21,7 @@ from proxy.api.schemas import CompletionRequest
 from proxy.api.streaming import StreamOptions
 from proxy.app_state import AppState
 from proxy.dialects.chat import sampling_params
+from proxy.dialects.shared import for_model
 from proxy.turns import TurnRequest, TurnResult
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OrjsonRoute)
@@ -100,7 +101,7 @@ async def completions(
     return await answer(
         state,
         session_id,
-        request,
+        await for_model(state, request, body.model),
         identity,
         stream=bool(body.stream),
         options=options,

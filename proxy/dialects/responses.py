@@ -26,7 +26,7 @@ from proxy.dialects.responses_input import chat_tool_choice, chat_tools, input_m
 from proxy.dialects.responses_output import ResponseShape
 from proxy.dialects.responses_stream import response_events
 from proxy.dialects.seals import Sealer
-from proxy.dialects.shared import turn_request
+from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import run_turn
 from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
 from proxy.store.prompts import rebuild
@@ -193,6 +193,7 @@ async def create_response(
         raw={"response_id": response_id, **body.model_dump(exclude={"input"}, exclude_none=True)},
         identity=identity,
     )
+    request = await for_model(state, request, body.model)
     shape = ResponseShape(
         response_id=response_id,
         body=body.model_dump(exclude={"input"}, exclude_none=True),

@@ -3,6 +3,7 @@ TurnRequest (sampling, constraints, retry identity), and a tool call's arguments
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from proxy.api.retries import RetryIdentity
@@ -10,6 +11,7 @@ from proxy.app_state import AppState
 from proxy.chat.constraints import response_format_constraint, tool_choice_constraint
 from proxy.chat.messages import Message, parse_arguments
 from proxy.engines.base import SamplingParams
+from proxy.engines.routed_experts import ExpertsAsk
 from proxy.errors import UnsupportedParameter
 from proxy.turns import TurnRequest
 
@@ -77,6 +79,17 @@ def turn_request(
         request_hash=identity.request_hash if identity else None,
         dialect=dialect,
     )
+
+
+async def for_model(state: AppState, request: TurnRequest, model: str | None) -> TurnRequest:
+    """The request sampled by the weights its `model` names (a LoRA adapter, or the base model: see
+    proxy/api/model_names.py), asking for routed experts when they are recorded (the planner sets
+    the position they start at)."""
+    choice = await state.model_names.choose(model)
+    asks = ExpertsAsk(0, state.routed_experts_shape) if state.settings.record_routed_experts else None
+    if choice.adapter is None and asks is None:
+        return request
+    return replace(request, sampling=replace(request.sampling, adapter=choice.adapter, routed_experts=asks))
 
 
 def arguments_object(arguments: str) -> dict[str, Any]:

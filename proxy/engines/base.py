@@ -9,6 +9,8 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from proxy.engines.routed_experts import ExpertsAsk, RoutedExperts
+
 FinishKind = Literal["stop", "length", "abort"]
 # SGLang's structured generation: at most one grammar per request (a sampling_params key).
 ConstraintKind = Literal["json_schema", "ebnf", "regex", "structural_tag"]
@@ -38,6 +40,11 @@ class SamplingParams:
     constraint: tuple[ConstraintKind, str] | None = None
     # Alternatives wanted per output position (SGLang's top-level top_logprobs_num, not a sampling key).
     top_logprobs: int = 0
+    # The LoRA adapter to sample with, by the name the engine lists it under (None: the base weights).
+    # Top-level on the wire: SGLang's lora_path, vLLM's model.
+    adapter: str | None = None
+    # Ask for the MoE experts each position was routed to (None: not asked); see routed_experts.py.
+    routed_experts: ExpertsAsk | None = None
 
     def as_sglang(self) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -85,6 +92,8 @@ class Generation:
     meta: dict[str, Any] = field(default_factory=dict)
     # Set when SamplingParams.top_logprobs asked for alternatives; one list per output position.
     top_logprobs: list[TopLogprobs] | None = None
+    # Set when SamplingParams.routed_experts_from asked for them (proxy/engines/routed_experts.py).
+    routed_experts: RoutedExperts | None = None
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.logprobs):
@@ -129,6 +138,8 @@ class StreamChunk:
     weight_version: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     top_logprobs: list[TopLogprobs] | None = None
+    # Engines send them with the last chunk only (over the whole output).
+    routed_experts: RoutedExperts | None = None
 
 
 class Engine(Protocol):

@@ -25,7 +25,7 @@ from proxy.engines.base import (
     StreamChunk,
     TopLogprobs,
 )
-from proxy.errors import EngineError, InvalidRequest
+from proxy.errors import EngineError, InvalidRequest, UnsupportedParameter
 
 # max_new_tokens of a request that sets no max_tokens: a CPU turn up to the whole context would hold
 # the lock for hours.
@@ -86,6 +86,7 @@ class LocalEngine:
     async def generate(
         self, prompt: PromptIds, params: SamplingParams, request_id: str | None = None
     ) -> Generation:
+        _refuse_unsupported(params)
         cancel = threading.Event()
         if request_id is not None:
             self._streams[request_id] = cancel  # abort(request_id) stops it between two tokens
@@ -248,6 +249,7 @@ class LocalEngine:
     async def stream(
         self, input_ids: PromptIds, params: SamplingParams, request_id: str
     ) -> AsyncIterator[StreamChunk]:
+        _refuse_unsupported(params)
         return self._chunks(self._prompt(input_ids), params, request_id)
 
     async def _chunks(
@@ -311,3 +313,13 @@ def _retrieved(run: asyncio.Future[Generation]) -> None:
     """Marks a finished run's outcome as seen: a stream closed early never reads it."""
     if not run.cancelled():
         run.exception()
+
+
+def _refuse_unsupported(params: SamplingParams) -> None:
+    """The local engine runs the base weights only, and records no MoE routing."""
+    if params.adapter is not None:
+        raise UnsupportedParameter(
+            f"the local engine serves no LoRA adapters (asked for {params.adapter!r})", param="model"
+        )
+    if params.routed_experts is not None:
+        raise UnsupportedParameter("the local engine cannot return routed experts", param="model")

@@ -30,7 +30,8 @@ from proxy.engines.base import (
     StreamChunk,
     TopLogprobs,
 )
-from proxy.errors import EngineError, EngineMismatch, InvalidRequest, ProxyError
+from proxy.engines.routed_experts import RoutedExperts
+from proxy.errors import EngineError, EngineMismatch, InvalidEngineAnswer, InvalidRequest, ProxyError
 from proxy.weight_sync import PauseGate
 
 log = logging.getLogger("tito_proxy.resuming")
@@ -46,12 +47,29 @@ class _Held:
     spans: list[dict[str, Any]] = field(default_factory=list)
     resumed: int = 0
     attempt_start: int = 0  # where the running attempt's output begins
+    # Routed experts over the attempts so far; None once an attempt ended without them.
+    experts: RoutedExperts | None = None
+    experts_lost: bool = False
 
     def add(self, ids: list[int], logprobs: list[float], top: list[TopLogprobs] | None) -> None:
         self.ids.extend(ids)
         self.logprobs.extend(logprobs)
         if top is not None:
             self.top = [*(self.top or []), *top]
+
+    def add_experts(self, asked: bool, experts: RoutedExperts | None) -> None:
+        """An attempt's routed experts, after the previous attempts' (an attempt without any, such
+        as one cut by a restart, leaves the whole generation without them)."""
+        if not asked or self.experts_lost:
+            return
+        if experts is None:
+            self.experts, self.experts_lost = None, True
+            return
+        try:
+            self.experts = experts if self.experts is None else self.experts.then(experts)
+        except InvalidEngineAnswer as exc:  # the tokens are fine; only their routings cannot be joined
+            log.warning("routed experts of a resumed generation dropped: %s", exc.message)
+            self.experts, self.experts_lost = None, True
 
     def close_attempt(self, version: str | None, engine_spans: Any) -> None:
         """Record the finished attempt's version spans, shifted to where its output begins."""
@@ -78,6 +96,9 @@ class _Held:
 
 def _continued(prompt: PromptIds, params: SamplingParams, held: _Held) -> tuple[Any, SamplingParams]:
     ids = np.concatenate([np.asarray(prompt, dtype=np.int32), np.asarray(held.ids, dtype=np.int32)])
+    if params.routed_experts is not None:
+        # The continuation's routings begin at the last held token, which no attempt fed back yet.
+        params = replace(params, routed_experts=replace(params.routed_experts, start=len(ids) - 1))
     if params.max_new_tokens is None:
         return ids, params
     return ids, replace(params, max_new_tokens=params.max_new_tokens - len(held.ids))
@@ -168,6 +189,7 @@ class ResumingEngine:
                 held.resumed += 1
                 continue
             held.add(generation.output_ids, generation.logprobs, generation.top_logprobs)
+            held.add_experts(params.routed_experts is not None, generation.routed_experts)
             self.last_version = generation.weight_version or self.last_version
             held.close_attempt(generation.weight_version, generation.meta.get("weight_versions"))
             produced = len(generation.output_ids)
@@ -182,6 +204,7 @@ class ResumingEngine:
                     logprobs=held.logprobs,
                     top_logprobs=held.top,
                     meta={**generation.meta, **held.meta()},
+                    routed_experts=held.experts,
                 )
             log.info("generation aborted by the engine after %d tokens; resuming", len(held.ids))
             await self._wait_to_continue(None)
@@ -236,19 +259,23 @@ class ResumingEngine:
                         aborted = chunk.finish is not None and chunk.finish.kind == "abort"
                         produced = len(held.ids) - held.attempt_start
                         resumable = aborted and request_id not in self._abandoned
+                        if chunk.finish is not None:
+                            held.add_experts(params.routed_experts is not None, chunk.routed_experts)
                         if chunk.finish is None or (resumable and self._resumable(held, produced, pauses)):
                             if chunk.output_ids:
-                                yield replace(chunk, finish=None)
+                                yield replace(chunk, finish=None, routed_experts=None)
                             if aborted:
                                 held.close_attempt(chunk.weight_version, chunk.meta.get("weight_versions"))
                                 break
                             continue
                         held.close_attempt(chunk.weight_version, chunk.meta.get("weight_versions"))
-                        yield replace(chunk, meta={**chunk.meta, **held.meta()})
+                        yield replace(chunk, meta={**chunk.meta, **held.meta()}, routed_experts=held.experts)
                         return
                 except EngineError as exc:
                     if request_id in self._abandoned or not self._may_retry(held, exc):
                         raise
+                    if len(held.ids) > held.attempt_start:  # its tokens came without their routings
+                        held.add_experts(params.routed_experts is not None, None)
                     held.close_attempt(seen or started, None)
                     error = exc
                 await self._wait_to_continue(error)

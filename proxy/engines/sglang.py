@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -21,6 +22,7 @@ from proxy.engines.base import (
     StreamChunk,
     TopLogprobs,
 )
+from proxy.engines.routed_experts import ExpertsAsk, RoutedExperts, from_sglang
 from proxy.errors import (
     ContextLengthExceeded,
     EngineError,
@@ -28,6 +30,7 @@ from proxy.errors import (
     EngineUnavailable,
     InvalidEngineAnswer,
     InvalidRequest,
+    ModelNotFound,
     ProxyError,
 )
 
@@ -138,10 +141,25 @@ def _request_payload(
     }
     if params.top_logprobs:
         payload["top_logprobs_num"] = params.top_logprobs
+    if params.adapter is not None:
+        payload["lora_path"] = params.adapter  # a loaded adapter's name (SGLang's LoRA registry)
+    if params.routed_experts is not None:
+        payload["return_routed_experts"] = True
+        payload["routed_experts_start_len"] = params.routed_experts.start
     return payload
 
 
-def parse_generation(body: Any, *, top_logprobs: bool = False) -> Generation:
+def _routed_experts(meta: dict[str, Any], ask: ExpertsAsk | None, end: int) -> RoutedExperts | None:
+    """The routed experts asked for, over positions [ask.start, end); None when the server sent none
+    (it runs without --enable-return-routed-experts): the call is recorded without them."""
+    if ask is None or meta.get("routed_experts") is None:
+        return None
+    return from_sglang(meta["routed_experts"], ask, end)
+
+
+def parse_generation(
+    body: Any, *, top_logprobs: bool = False, experts: ExpertsAsk | None = None, prompt_len: int = 0
+) -> Generation:
     """Turn one /generate response object into a Generation, checking every field we rely on."""
     if not isinstance(body, dict):
         raise InvalidEngineAnswer("SGLang returned a non-object response")
@@ -168,6 +186,7 @@ def parse_generation(body: Any, *, top_logprobs: bool = False) -> Generation:
         top_logprobs=_top_logprobs(meta.get("output_top_logprobs"), len(output_ids))
         if top_logprobs
         else None,
+        routed_experts=_routed_experts(meta, experts, prompt_len + len(output_ids) - 1),
     )
 
 
@@ -177,6 +196,7 @@ class SGLangEngine:
     name = "sglang"
     supports_constraints = True
     limits = SGLANG_LIMITS
+    supports_routed_experts = True  # with --enable-return-routed-experts on the server
 
     def __init__(self, base_url: str, *, timeout_s: float) -> None:
         self._base_url = base_url.rstrip("/")
@@ -207,7 +227,7 @@ class SGLangEngine:
         except aiohttp.ClientError as exc:
             raise EngineUnavailable(f"cannot reach the engine at {self._base_url}: {exc}") from exc
 
-    async def _raise_for_status(self, response: aiohttp.ClientResponse) -> None:
+    async def _raise_for_status(self, response: aiohttp.ClientResponse, params: SamplingParams) -> None:
         if response.status == 200:
             return
         try:
@@ -216,14 +236,14 @@ class SGLangEngine:
             content = b""
         finally:
             response.release()
-        raise refusal(response.status, _error_message(response.status, content))
+        raise _adapter_refusal(refusal(response.status, _error_message(response.status, content)), params)
 
     async def generate(
         self, input_ids: PromptIds, params: SamplingParams, request_id: str | None = None
     ) -> Generation:
         payload = _request_payload(input_ids, params, request_id or uuid.uuid4().hex, stream=False)
         response = await self._send("/generate", payload)
-        await self._raise_for_status(response)
+        await self._raise_for_status(response, params)
         try:
             content = await response.read()
         except TimeoutError as exc:
@@ -240,23 +260,35 @@ class SGLangEngine:
             if len(body) != 1:
                 raise EngineError(f"the engine answered {len(body)} outputs for one prompt")
             body = body[0]
-        return parse_generation(body, top_logprobs=params.top_logprobs > 0)
+        try:
+            return parse_generation(
+                body,
+                top_logprobs=params.top_logprobs > 0,
+                experts=params.routed_experts,
+                prompt_len=len(input_ids),
+            )
+        except InvalidRequest as exc:
+            raise _adapter_refusal(exc, params) from exc
 
     async def stream(
         self, input_ids: PromptIds, params: SamplingParams, request_id: str
     ) -> AsyncIterator[StreamChunk]:
         payload = _request_payload(input_ids, params, request_id, stream=True)
         response = await self._send("/generate", payload)
-        await self._raise_for_status(response)
+        await self._raise_for_status(response, params)
         if not response.headers.get("content-type", "").startswith("text/event-stream"):
             response.close()
             raise EngineError(
                 "the engine answered a stream request with malformed JSON, not server-sent events"
             )
-        return self._chunks(response, top_logprobs=params.top_logprobs > 0)
+        return self._chunks(response, top_logprobs=params.top_logprobs > 0, experts=(params, len(input_ids)))
 
     async def _chunks(
-        self, response: aiohttp.ClientResponse, *, top_logprobs: bool
+        self,
+        response: aiohttp.ClientResponse,
+        *,
+        top_logprobs: bool,
+        experts: tuple[SamplingParams, int],
     ) -> AsyncIterator[StreamChunk]:
         held = 0  # output ids received so far
         finished = False
@@ -273,8 +305,11 @@ class SGLangEngine:
                 except orjson.JSONDecodeError as exc:
                     raise EngineError("the engine streamed malformed JSON") from exc
                 if isinstance(body, dict) and "error" in body:
-                    raise _stream_error(body["error"])
-                chunk, held = _stream_chunk(body, held, top_logprobs=top_logprobs)
+                    raise _adapter_refusal(_stream_error(body["error"]), experts[0])
+                try:
+                    chunk, held = _stream_chunk(body, held, top_logprobs=top_logprobs, experts=experts)
+                except InvalidRequest as exc:
+                    raise _adapter_refusal(exc, experts[0]) from exc
                 if chunk.finish is not None:
                     finished = True
                 yield chunk
@@ -342,6 +377,17 @@ class SGLangEngine:
             raise EngineUnavailable(f"cannot read the engine's info at {self._base_url}: {exc}") from exc
         return EngineInfo(model=model, context_length=context_length, weight_version=weight_version)
 
+    async def adapters(self) -> dict[str, str]:
+        """The LoRA adapters the server has loaded, name -> path: the `/v1/models` cards with a
+        `parent` (SGLang lists its LoRA registry there, as vLLM does)."""
+        try:
+            models = await self._get_json("/v1/models")
+        except TimeoutError as exc:
+            raise EngineTimeout("the engine did not list its models in time") from exc
+        except (aiohttp.ClientError, orjson.JSONDecodeError) as exc:
+            raise EngineUnavailable(f"cannot list the engine's models at {self._base_url}: {exc}") from exc
+        return adapter_cards(models)
+
     async def ready(self) -> bool:
         # /ready answers without generating; /health (a one-token generation) where /ready is
         # missing, as behind sglang-router.
@@ -359,6 +405,17 @@ class SGLangEngine:
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.close()
+
+
+def adapter_cards(models: Any) -> dict[str, str]:
+    """The adapters of an OpenAI model list: cards with a `parent` (SGLang and vLLM list LoRA adapters
+    as {"id": name, "root": path, "parent": base model})."""
+    data = models.get("data") if isinstance(models, dict) else None
+    return {
+        str(card["id"]): str(card.get("root") or card["id"])
+        for card in data or []
+        if isinstance(card, dict) and card.get("parent") is not None and card.get("id")
+    }
 
 
 def _stream_error(error: Any) -> ProxyError:
@@ -391,7 +448,9 @@ async def lines_of(blocks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield bytes(partial)
 
 
-def _stream_chunk(body: Any, held: int, *, top_logprobs: bool) -> tuple[StreamChunk, int]:
+def _stream_chunk(
+    body: Any, held: int, *, top_logprobs: bool, experts: tuple[SamplingParams, int] | None = None
+) -> tuple[StreamChunk, int]:
     """One SSE chunk as new ids: SGLang sends cumulative output by default, deltas with
     --incremental-streaming-output; completion_tokens is cumulative in both."""
     if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
@@ -421,4 +480,20 @@ def _stream_chunk(body: Any, held: int, *, top_logprobs: bool) -> tuple[StreamCh
         },
         top_logprobs=top,
     )
+    if experts is not None and raw_finish is not None:  # sent with the last chunk, over the whole output
+        params, prompt_len = experts
+        total_ids = held + len(new_ids)
+        chunk = replace(
+            chunk, routed_experts=_routed_experts(meta, params.routed_experts, prompt_len + total_ids - 1)
+        )
     return chunk, held + len(new_ids)
+
+
+def _adapter_refusal(error: ProxyError, params: SamplingParams) -> ProxyError:
+    """SGLang's refusal of a LoRA adapter (not loaded, or LoRA off) names the adapter the request
+    asked for: a clear 404 for that name, never an answer from the base weights."""
+    if params.adapter is None or not isinstance(error, InvalidRequest) or "lora" not in error.message.lower():
+        return error
+    return ModelNotFound(
+        f"the engine does not serve the LoRA adapter {params.adapter!r} (any more): {error.message}"
+    )

@@ -26,6 +26,11 @@ Mapping (facts from vLLM 0.33.0's source, ../shared/docs/vllm-generate.md):
   call's version, except vLLM's "default" (no version named), where the trainer's is recorded.
 - Abort: `/inference/v1/abort_requests` with vLLM's engine id (`generate-tokens-<id>`; for
   completions `cmpl-<id>-0` through the dev-mode `/abort_requests`); closing a stream aborts too.
+- LoRA: a request for an adapter sends its name as `model` (generate route; the completions route's
+  `model` too); vLLM's 404 for an adapter it no longer serves is a 404 model_not_found. Adapters are
+  the `/v1/models` cards with a `parent`.
+- Routed experts (MoE routing replay, proxy/engines/routed_experts.py): `routed_experts_prompt_start`
+  in `sampling_params` on the generate route; the last chunk's `routed_experts` (base64 `.npy`).
 - Streams are deltas (one choice per chunk); errors the engine finds arrive as an HTTP 200 whose
   first event is `{"error": ...}` and are raised before the first chunk, as plain errors are.
 """
@@ -51,7 +56,8 @@ from proxy.engines.base import (
     SamplingParams,
     StreamChunk,
 )
-from proxy.engines.sglang import lines_of
+from proxy.engines.routed_experts import RoutedExperts, from_vllm
+from proxy.engines.sglang import adapter_cards, lines_of
 from proxy.engines.vllm_probe import LogprobsMode, VLLMProbe, base_model, mode_in_server_info
 from proxy.engines.vllm_protocol import (
     COMPLETIONS_PATH,
@@ -71,6 +77,7 @@ from proxy.errors import (
     EngineTimeout,
     EngineUnavailable,
     InvalidRequest,
+    ModelNotFound,
     ProxyError,
 )
 
@@ -87,6 +94,7 @@ class VLLMEngine:
 
     name = "vllm"
     supports_constraints = True
+    supports_routed_experts = True  # on the generate route, with --enable-return-routed-experts
     honours_seed = True  # vLLM seeds each request's own generator
     # A prompt of at most M - 1 tokens, and prompt + output may fill max_model_len M exactly.
     limits = ContextLimits(prompt_reserve=1, output_reserve=0)
@@ -204,7 +212,7 @@ class VLLMEngine:
                 raise EngineError("vLLM's context length is unknown, so max_tokens cannot be bounded")
             max_tokens = probe.context_length - len(prompt)
         return completions_payload(
-            prompt, params, rid, model=probe.model, max_tokens=max_tokens, stream=stream
+            prompt, params, rid, model=params.adapter or probe.model, max_tokens=max_tokens, stream=stream
         )
 
     async def _open(
@@ -246,10 +254,15 @@ class VLLMEngine:
             response.release()
         if response.status == 403 and probe.route == "generate":
             raise _Disabled
-        raise _status_error(response.status, error_message(response.status, content))
+        message = error_message(response.status, content)
+        if response.status == 404 and params.adapter is not None:  # vLLM's answer for an unknown model
+            raise ModelNotFound(
+                f"vLLM does not serve the LoRA adapter {params.adapter!r} (any more): {message}"
+            )
+        raise _status_error(response.status, message)
 
     def _generation(
-        self, probe: VLLMProbe, parsed: ParsedChoice, params: SamplingParams, rid: str
+        self, probe: VLLMProbe, parsed: ParsedChoice, params: SamplingParams, rid: str, experts: Any
     ) -> Generation:
         return Generation(
             output_ids=parsed.output_ids,
@@ -258,6 +271,7 @@ class VLLMEngine:
             weight_version=parsed.weight_version,
             meta=self._meta(probe, parsed, params, rid),
             top_logprobs=parsed.top_logprobs,
+            routed_experts=experts,
         )
 
     @staticmethod
@@ -296,7 +310,8 @@ class VLLMEngine:
         if choice is None:
             raise EngineError("vLLM answered without a choice")
         parsed = parse_choice(choice, probe.route, top_k=params.top_logprobs, final=True)
-        return self._generation(probe, parsed, params, rid)
+        end = len(input_ids) + len(parsed.output_ids) - 1
+        return self._generation(probe, parsed, params, rid, _routed_experts(choice, params, end))
 
     async def stream(
         self, input_ids: PromptIds, params: SamplingParams, request_id: str
@@ -314,22 +329,24 @@ class VLLMEngine:
             await events.aclose()
             raise
         # Errors vLLM's engine finds (vocabulary, context, paused) come as a 200 and a first error event.
-        return self._chunks(probe, params, request_id, first, events)
+        return self._chunks(probe, (params, len(input_ids)), request_id, first, events)
 
     async def _chunks(
         self,
         probe: VLLMProbe,
-        params: SamplingParams,
+        asked: tuple[SamplingParams, int],
         rid: str,
         first: dict[str, Any] | None,
         events: AsyncGenerator[dict[str, Any], None],
     ) -> AsyncIterator[StreamChunk]:
+        params, held = asked  # held: the prompt, then each output id as it arrives
         try:
             body = first
             while body is not None:
                 choice = single_choice(body)
                 if choice is not None:
                     parsed = parse_choice(choice, probe.route, top_k=params.top_logprobs, final=False)
+                    held += len(parsed.output_ids)
                     yield StreamChunk(
                         output_ids=parsed.output_ids,
                         logprobs=parsed.logprobs,
@@ -337,6 +354,8 @@ class VLLMEngine:
                         weight_version=parsed.weight_version,
                         meta=self._meta(probe, parsed, params, rid),
                         top_logprobs=parsed.top_logprobs,
+                        # In the last chunk, over the whole output.
+                        routed_experts=_routed_experts(choice, params, held - 1) if parsed.finish else None,
                     )
                     if parsed.finish is not None:
                         return
@@ -380,6 +399,16 @@ class VLLMEngine:
             except orjson.JSONDecodeError:
                 return None
 
+    async def adapters(self) -> dict[str, str]:
+        """The LoRA adapters vLLM serves, name -> path: its /v1/models cards with a `parent`."""
+        try:
+            models = await self._get_json("/v1/models")
+        except TimeoutError as exc:
+            raise EngineTimeout("vLLM did not list its models in time") from exc
+        except aiohttp.ClientError as exc:
+            raise EngineUnavailable(f"cannot list vLLM's models at {self._base_url}: {exc}") from exc
+        return adapter_cards(models)
+
     async def info(self) -> EngineInfo:
         probe = await self._ensure()
         try:
@@ -405,6 +434,14 @@ class VLLMEngine:
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.close()
+
+
+def _routed_experts(choice: dict[str, Any], params: SamplingParams, end: int) -> RoutedExperts | None:
+    """A choice's routed experts over [ask.start, end), where asked and sent (the server runs with
+    --enable-return-routed-experts)."""
+    if params.routed_experts is None or choice.get("routed_experts") is None:
+        return None
+    return from_vllm(choice["routed_experts"], params.routed_experts, end)
 
 
 def _engine_id(route: Route, request_id: str) -> str:

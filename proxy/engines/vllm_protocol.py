@@ -73,15 +73,22 @@ def vllm_sampling(params: SamplingParams, *, max_tokens: int | None) -> dict[str
 def generate_payload(
     prompt: PromptIds, params: SamplingParams, request_id: str, *, stream: bool
 ) -> dict[str, Any]:
-    """A `/inference/v1/generate` body; `max_tokens: null` is vLLM's "up to the context limit"."""
-    return {
+    """A `/inference/v1/generate` body; `max_tokens: null` is vLLM's "up to the context limit";
+    `model` names a LoRA adapter (omitted: the base model)."""
+    sampling = vllm_sampling(params, max_tokens=params.max_new_tokens)
+    if params.routed_experts is not None:
+        sampling["routed_experts_prompt_start"] = params.routed_experts.start
+    payload = {
         "request_id": request_id,
         "token_ids": prompt,
-        "sampling_params": vllm_sampling(params, max_tokens=params.max_new_tokens),
+        "sampling_params": sampling,
         "output_mode": "tokens",
         "return_token_ids": False,
         "stream": stream,
     }
+    if params.adapter is not None:
+        payload["model"] = params.adapter
+    return payload
 
 
 def completions_payload(

@@ -88,6 +88,7 @@ def _parquet_schema(mode: str, metadata: Any) -> Any:
 
     ids = pa.list_(pa.int32())
     floats = pa.list_(pa.float32())
+    experts = pa.list_(pa.list_(pa.list_(pa.int32())))  # positions x layers x top_k
     common = [
         ("cursor", pa.int64()),
         ("session_id", pa.string()),
@@ -99,6 +100,8 @@ def _parquet_schema(mode: str, metadata: Any) -> Any:
         ("loss_mask", pa.list_(pa.int8())),
         ("rollout_logprobs", floats),
         ("metadata", metadata),
+        ("routed_experts", experts),
+        ("response_routed_experts", experts),
     ]
     if mode == "stepwise":
         return pa.schema(
@@ -116,6 +119,8 @@ def _parquet_schema(mode: str, metadata: Any) -> Any:
                 ("finish_reason", pa.string()),
                 ("weight_version", pa.string()),
                 ("weight_version_spans", pa.list_(_version_span_type())),
+                ("model", pa.string()),
+                ("adapter", pa.string()),
             ]
         )
     return pa.schema(
@@ -134,6 +139,7 @@ def _parquet_schema(mode: str, metadata: Any) -> Any:
             ("weight_versions", pa.list_(pa.string())),
             ("weight_version_min", pa.string()),
             ("weight_version_max", pa.string()),
+            ("adapters", pa.list_(pa.string())),
         ]
     )
 

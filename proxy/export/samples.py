@@ -19,6 +19,7 @@ from typing import Any
 from proxy.chat.renderer import Renderer
 from proxy.export.branches import BranchFilter, branch_labels, kept
 from proxy.export.drift import DriftMode
+from proxy.export.experts import export_fields
 from proxy.export.formats import BOUNDARY_EDIT_FIELDS, export_drift
 from proxy.export.trajectory import build_trajectories
 from proxy.store.codec import unpack_ids, unpack_logprobs
@@ -94,6 +95,10 @@ def merged_rows(
                 "drift": export_drift(trajectory.drift),
                 "metadata": session.meta,
                 **_versions([c.weight_version for c in trajectory.calls]),
+                "adapters": [c.adapter for c in trajectory.calls],
+                **export_fields(
+                    trajectory.calls, trajectory.prompt_ids, trajectory.response_ids, trajectory.loss_mask
+                ),
             }
         )
     return rows
@@ -107,6 +112,7 @@ def stepwise_rows(
     labels = branch_labels(calls)
     done = [c for c in calls if c.status == "ok" and kept(labels[c.id], branches)]
     contexts: dict[int, list[int]] = {}
+    chains: dict[int, list[CallRow]] = {}
     rows = []
     for index, call in enumerate(done):
         # A kept call's parent is kept too: labels only worsen from the root down.
@@ -115,6 +121,7 @@ def stepwise_rows(
         prompt = parent + unpack_ids(call.prompt_added).tolist()
         output = unpack_ids(call.output_ids).tolist()
         contexts[call.id] = prompt + output
+        chains[call.id] = [*(chains[call.parent_id] if call.parent_id is not None else []), call]
         last = index == len(done) - 1
         reward = session.reward if last and session.reward is not None else (call.reward or 0.0)
         token_rewards = [0.0] * len(output)
@@ -143,6 +150,9 @@ def stepwise_rows(
                     (call.engine_meta or {}).get("weight_versions"), call.weight_version, len(output)
                 ),
                 "metadata": session.meta,
+                "model": (call.request.get("body") or {}).get("model"),
+                "adapter": call.adapter,
+                **export_fields(chains[call.id], prompt, output, [1] * len(output)),
             }
         )
     return rows
@@ -159,6 +169,7 @@ _LISTED = (
     ("call_reward", "call_rewards"),
     ("finish_reason", "finish_reasons"),
     ("weight_version", "weight_versions"),
+    ("adapter", "adapters"),
 )
 # Values a run takes from its first step, and from its last.
 _FIRST = ("cursor", "session_id", "group_id", "sample_index", "group_size", "trajectory_id", "metadata")
@@ -181,6 +192,9 @@ def _as_run(row: dict[str, Any]) -> dict[str, Any]:
     for key in ("prompt_ids", "response_ids", "loss_mask", "rollout_logprobs", "token_rewards"):
         if key in row:
             run[key] = list(row[key])
+    for key in ("routed_experts", "response_routed_experts"):
+        if key in row:
+            run[key] = None if row[key] is None else list(row[key])
     for one, many in _LISTED:
         if many in row:
             run[many] = list(row[many])
@@ -198,6 +212,7 @@ def _extend(run: dict[str, Any], other: dict[str, Any], observation: list[int]) 
         run["token_rewards"] += [0.0] * gap + other["token_rewards"]
     else:
         run.pop("token_rewards", None)
+    _extend_experts(run, other, gap)
     for _, many in _LISTED:
         if many in run and many in other:
             run[many] += other[many]
@@ -208,6 +223,19 @@ def _extend(run: dict[str, Any], other: dict[str, Any], observation: list[int]) 
             run[key] = other[key]
         else:
             run.pop(key, None)
+
+
+def _extend_experts(run: dict[str, Any], other: dict[str, Any], gap: int) -> None:
+    """The later step's routings cover the merged run's positions (its prompt extends the run);
+    per response token, the observation in between has none."""
+    if "routed_experts" not in run or "routed_experts" not in other:
+        run.pop("routed_experts", None)
+        run.pop("response_routed_experts", None)
+        return
+    run["routed_experts"] = other["routed_experts"]
+    before, after = run.get("response_routed_experts"), other.get("response_routed_experts")
+    joined = None if before is None or after is None else [*before, *([None] * gap), *after]
+    run["response_routed_experts"] = joined if other["routed_experts"] is not None else None
 
 
 def _extended_run(

@@ -20,6 +20,7 @@ from proxy.chat.renderer import Renderer
 from proxy.errors import TemplateError
 from proxy.export.branches import Branch, BranchFilter, branch_labels, kept
 from proxy.export.drift import DriftClassifier, DriftMode, StreamFacts, report
+from proxy.export.experts import export_fields
 from proxy.store.codec import unpack_ids, unpack_logprobs
 from proxy.store.models import CallRow
 from proxy.store.prompts import chain_conversation
@@ -52,6 +53,8 @@ class SegmentTrajectory:
             "boundary_edits": self.boundary_edits,
             "branch": self.branch,
             "drift": self.drift,
+            "adapters": [c.adapter for c in self.calls],
+            **export_fields(self.calls, self.prompt_ids, self.response_ids, self.loss_mask),
         }
 
 

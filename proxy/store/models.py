@@ -112,6 +112,10 @@ class CallRow(Base):
     # What a retry of this request carries: its Idempotency-Key, and a hash of its body.
     idempotency_key: Mapped[str | None] = mapped_column(String(256), nullable=True)
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # The LoRA adapter the call was sampled with (None: the base weights).
+    adapter: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    # The MoE experts each position was routed to (proxy/engines/routed_experts.py's packing).
+    routed_experts: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
 
 
 class RetryClaimRow(Base):

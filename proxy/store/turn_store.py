@@ -64,6 +64,8 @@ class NewCall:
     timings: dict[str, Any]
     idempotency_key: str | None = None
     request_hash: str | None = None
+    adapter: str | None = None
+    routed_experts: bytes | None = None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ def step_tokens(row: dict[str, Any]) -> dict[str, Any]:
         "completion_logprobs": [float(p) for p in row["rollout_logprobs"]],
         "overlong_prompt": False,
         "is_truncated": row["finish_reason"] == "length",
-        "routed_experts": None,
+        # [seq_len, layers, top_k] for router replay: the row's positions but the last sampled token
+        "routed_experts": row.get("routed_experts"),
     }
 
 

@@ -6,6 +6,11 @@ AgentLoopWorker._postprocess): prompts left-padded, responses right-padded, verl
     data = DataProto.from_dict(tensors=batch.tensors, non_tensors=batch.non_tensors)
 
 numpy arrays by default; torch tensors with as_torch=True (torch is imported only then).
+
+Rows with routed experts (--record-routed-experts) add verl's R3 routing-replay tensor
+`routed_experts` (batch, prompt_length + response_length, layers, top_k), each row's routings placed
+from its first prompt token on, zeros elsewhere (the layout of verl's agent loop
+`_InternalAgentLoopOutput.routed_experts`, main as of 2026-11); it is left out unless every row has them.
 """
 
 from __future__ import annotations
@@ -86,6 +91,9 @@ def verl_batch(
     prompt_w = _width([len(r["prompt_ids"]) for r in rows], prompt_length, "prompt")
     response_w = _width([len(r["response_ids"]) for r in rows], response_length, "response")
     tensors = _arrays(rows, pad_id, prompt_w, response_w)
+    experts = _routed_experts(rows, prompt_w, response_w)
+    if experts is not None:
+        tensors["routed_experts"] = experts
     if as_torch:
         import torch
 
@@ -96,3 +104,16 @@ def verl_batch(
         "__num_turns__": np.array([len(r.get("call_ids") or [1]) for r in rows], dtype=np.int32),
     }
     return VerlBatch(tensors, non_tensors)
+
+
+def _routed_experts(rows: Sequence[dict[str, Any]], prompt_w: int, response_w: int) -> Any:
+    """verl's routed_experts tensor, or None unless every row carries its routings."""
+    if not rows or any(row.get("routed_experts") is None for row in rows):
+        return None
+    per_row = [np.asarray(row["routed_experts"], dtype=np.int32) for row in rows]
+    layers, top_k = per_row[0].shape[1:]
+    tensor = np.zeros((len(rows), prompt_w + response_w, layers, top_k), dtype=np.int32)
+    for i, (row, experts) in enumerate(zip(rows, per_row, strict=True)):
+        start = prompt_w - len(row["prompt_ids"])
+        tensor[i, start : start + len(experts)] = experts
+    return tensor

@@ -12,6 +12,7 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -69,6 +70,10 @@ class TurnPlanner:
         ):
             # One id outside the vocabulary is enough to kill an SGLang server.
             raise InvalidRequest("the prompt holds a token id outside the vocabulary", param="prompt")
+        if params.routed_experts is not None:
+            params = replace(
+                params, routed_experts=replace(params.routed_experts, start=_experts_start(plan))
+            )
         return plan, params
 
     async def _plan_tokens(self, session_id: str, prompt_ids: list[int]) -> PromptPlan:
@@ -288,6 +293,14 @@ class TurnPlanner:
     def close(self) -> None:
         """Stop the render workers; a render still running ends on its own (it cannot be interrupted)."""
         self._workers.shutdown(wait=False, cancel_futures=True)
+
+
+def _experts_start(plan: PromptPlan) -> int:
+    """Where a call's routed experts begin: at its parent's last sampled token (which the parent's own
+    request never fed back), so the calls of a path cover every position once; 0 for a new segment."""
+    if plan.parent is None:
+        return 0
+    return max(0, len(plan.prompt) - len(plan.added) - 1)
 
 
 def _says_nothing(reply: Message) -> bool:

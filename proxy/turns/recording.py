@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -173,10 +174,14 @@ class TurnRecorder:
             response_message=reply,
             sampling_params=_recorded_sampling(self.engine, turn.params),
             weight_version=generation.weight_version or turn.dispatched_version,
-            engine_meta=_engine_meta(generation),
+            engine_meta=_engine_meta(turn, generation),
             timings={},
             idempotency_key=request.idempotency_key,
             request_hash=request.request_hash,
+            adapter=turn.params.adapter,
+            routed_experts=generation.routed_experts.pack()
+            if generation.routed_experts is not None
+            else None,
         )
         return call, output
 
@@ -211,15 +216,27 @@ def _recorded_request(turn: PreparedTurn) -> dict[str, Any]:
     }
 
 
-def _engine_meta(generation: Generation) -> dict[str, Any]:
+def _engine_meta(turn: PreparedTurn, generation: Generation) -> dict[str, Any]:
     """The engine's metadata, plus the alternatives a logprobs request asked for (kept so that a
-    retry is answered exactly as the first attempt was)."""
+    retry is answered exactly as the first attempt was), and whether routed experts asked for are
+    missing (the engine runs without --enable-return-routed-experts, or a restart lost them)."""
+    meta = generation.meta
+    if turn.params.routed_experts is not None and generation.routed_experts is None:
+        _warn_experts_missing()
+        meta = {**meta, "routed_experts_missing": True}
     if generation.top_logprobs is None:
-        return generation.meta
-    return {
-        **generation.meta,
-        "top_logprobs": [[[t, lp] for t, lp in top] for top in generation.top_logprobs],
-    }
+        return meta
+    return {**meta, "top_logprobs": [[[t, lp] for t, lp in top] for top in generation.top_logprobs]}
+
+
+@functools.cache
+def _warn_experts_missing() -> None:
+    """Once per process: every later call without them is flagged in its engine_meta."""
+    log.warning(
+        "routed experts were asked for and the engine sent none: start SGLang with "
+        "--enable-return-routed-experts (vLLM: --enable-return-routed-experts); such calls are "
+        "recorded without them (engine_meta.routed_experts_missing)"
+    )
 
 
 def _recorded_sampling(engine: Engine, params: SamplingParams) -> dict[str, Any]:

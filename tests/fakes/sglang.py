@@ -1,9 +1,19 @@
 """A real HTTP server that speaks SGLang's native protocol (../shared/docs/sglang-generate.md) and
-answers with scripted token ids and logprobs, so tests know exactly what the engine "sampled"."""
+answers with scripted token ids and logprobs, so tests know exactly what the engine "sampled".
+
+LoRA as SGLang's source has it (entrypoints/http_server.py, lora/lora_registry.py): `/v1/models` lists
+each loaded adapter as {"id": name, "root": path, "parent": served model}; `/generate` takes
+`lora_path` (an adapter's name) and refuses one not loaded with a 400 "The following requested LoRA
+adapters are not loaded: ..."; `/load_lora_adapter` and `/unload_lora_adapter` change the set.
+Routed experts (managers/io_struct.py, tokenizer_manager.py): with `routed_experts_shape` set (the
+server's --enable-return-routed-experts), a request with `return_routed_experts` gets
+`meta_info["routed_experts"]`, base64 of int32 (positions, layers, top_k) over
+[routed_experts_start_len, prompt + output - 1); streamed, in the chunk with the finish reason."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import threading
@@ -12,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -49,6 +60,16 @@ SAMPLING_KEYS = frozenset(
 )
 
 
+def routing(position: int, token: int, shape: tuple[int, int], num_experts: int = 300) -> list[list[int]]:
+    """The stand-ins' made-up routing of the forward pass fed `token` at `position`: a function of
+    both, so tests recompute what any split of a sequence over requests must add up to."""
+    layers, top_k = shape
+    return [
+        [(token * 31 + position * 7 + layer * 5 + k) % num_experts for k in range(top_k)]
+        for layer in range(layers)
+    ]
+
+
 @dataclass
 class ScriptedOutput:
     """What the fake engine samples next: ids with their logprobs, cut by the request's stop rules."""
@@ -83,6 +104,11 @@ class FakeSGLang:
     # finish reason, then [DONE]).
     fault: str | None = None
     hang_s: float = 30.0
+    # Loaded LoRA adapters, name -> path, listed in /v1/models as SGLang lists its LoRA registry.
+    adapters: dict[str, str] = field(default_factory=dict)
+    # (layers, top_k) of a MoE model served with --enable-return-routed-experts; None: served without.
+    routed_experts_shape: tuple[int, int] | None = None
+    num_experts: int = 300  # past 255: the proxy's compact storage must widen to uint16
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # Plain requests under way, by rid: /abort_request ends their hang with an abort, as SGLang does.
     _hanging: dict[str, asyncio.Event] = field(default_factory=dict)
@@ -188,6 +214,14 @@ class FakeSGLang:
             return JSONResponse(
                 {"error": {"message": "token id out of vocabulary: server crashed"}}, status_code=500
             )
+        lora = body.get("lora_path")
+        if lora is not None and lora not in self.adapters:
+            # TokenizerManager's LoRA registry lookup, a ValueError answered as 400.
+            message = (
+                f"The following requested LoRA adapters are not loaded: {lora}\n"
+                f"Loaded adapters: {self.adapters.keys()}."
+            )
+            return JSONResponse({"error": {"message": message}}, status_code=400)
         temperature = params.get("temperature", 1.0)
         top_p = params.get("top_p", 1.0)
         if temperature < 0 or not 0 < top_p <= 1:
@@ -238,9 +272,26 @@ class FakeSGLang:
                     "e2e_latency": 0.001,
                     "output_token_logprobs": [[lp, t, None] for t, lp in zip(ids, logprobs, strict=True)],
                     **meta_top,
+                    **self._routing(body, input_ids, ids),
                 },
             }
         )
+
+    def _routing(self, body: dict[str, Any], prompt: list[int], ids: list[int]) -> dict[str, Any]:
+        """meta_info["routed_experts"] as SGLang sends it: base64 of a C-order int32 array
+        (positions, layers, top_k) over [routed_experts_start_len, len(prompt + output) - 1)."""
+        if not body.get("return_routed_experts") or self.routed_experts_shape is None:
+            return {}
+        start = int(body.get("routed_experts_start_len") or 0)
+        stream = [*prompt, *ids]
+        rows = [self.experts_at(position, stream[position]) for position in range(start, len(stream) - 1)]
+        layers, top_k = self.routed_experts_shape
+        array = np.asarray(rows, dtype=np.int32).reshape(-1, layers, top_k)
+        return {"routed_experts": base64.b64encode(array.tobytes()).decode("ascii")}
+
+    def experts_at(self, position: int, token: int) -> list[list[int]]:
+        assert self.routed_experts_shape is not None
+        return routing(position, token, self.routed_experts_shape, self.num_experts)
 
     def _error_event(self) -> str:
         """An error SGLang finds after admitting a stream: an event in the 200 stream (measured)."""
@@ -298,12 +349,17 @@ class FakeSGLang:
         piece: tuple[list[int], list[float]],
         finish: dict[str, Any] | None,
         total: int,
+        *,
+        sampled: list[int] | None = None,
     ) -> dict[str, Any]:
         ids, logprobs = piece
         top_count = int(body.get("top_logprobs_num") or 0)
         top = {"output_top_logprobs": self._top(ids, logprobs, top_count)} if top_count else {}
+        # Routings come with the finish, over the whole output.
+        routing = self._routing(body, prompt, sampled or []) if finish is not None else {}
         return {
             **top,
+            **routing,
             "id": body.get("rid"),
             "finish_reason": finish,
             "prompt_tokens": len(prompt),
@@ -334,7 +390,12 @@ class FakeSGLang:
                     "text": "",
                     "output_ids": ids[start:end],
                     "meta_info": self._meta(
-                        body, prompt, (ids[start:end], logprobs[start:end]), finish if last else None, end
+                        body,
+                        prompt,
+                        (ids[start:end], logprobs[start:end]),
+                        finish if last else None,
+                        end,
+                        sampled=ids[:end],
                     ),
                 }
                 yield f"data: {json.dumps(chunk)}\n\n"
@@ -359,12 +420,29 @@ class FakeSGLang:
             raise
 
     async def models(self, _: Request) -> JSONResponse:
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [{"id": self.model_name, "object": "model", "max_model_len": self.context_length}],
-            }
-        )
+        # SGLang's /v1/models: the base model, then each loaded adapter with root (its path) and parent.
+        adapters = [
+            {"id": name, "object": "model", "root": path, "parent": self.model_name, "max_model_len": None}
+            for name, path in self.adapters.items()
+        ]
+        base = {
+            "id": self.model_name,
+            "object": "model",
+            "root": self.model_name,
+            "parent": None,
+            "max_model_len": self.context_length,
+        }
+        return JSONResponse({"object": "list", "data": [base, *adapters]})
+
+    async def load_lora_adapter(self, request: Request) -> JSONResponse:
+        body = await request.json()
+        self.adapters[str(body["lora_name"])] = str(body["lora_path"])
+        return JSONResponse({"success": True, "loaded_adapters": dict(self.adapters)})
+
+    async def unload_lora_adapter(self, request: Request) -> JSONResponse:
+        body = await request.json()
+        self.adapters.pop(str(body["lora_name"]), None)
+        return JSONResponse({"success": True, "loaded_adapters": dict(self.adapters)})
 
     async def model_info(self, _: Request) -> JSONResponse:
         return JSONResponse({"model_path": self.model_name, "weight_version": self.weight_version})
@@ -390,6 +468,8 @@ class FakeSGLang:
                 Route("/health", self.health),
                 Route("/ready", self.health),
                 Route("/abort_request", self.abort, methods=["POST"]),
+                Route("/load_lora_adapter", self.load_lora_adapter, methods=["POST"]),
+                Route("/unload_lora_adapter", self.unload_lora_adapter, methods=["POST"]),
             ]
         )
 

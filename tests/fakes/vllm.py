@@ -8,7 +8,8 @@ Shapes served (vLLM 0.33.0, `scale_out/token_in_token_out/protocol.py`, `serving
   "stream", "output_mode": "tokens"}` -> `{"request_id": "generate-tokens-<id>", "model", "created",
   "usage": {"prompt_tokens", "total_tokens", "completion_tokens", ...}, ..., "output_mode": "tokens",
   "choices": [{"index": 0, "finish_reason": "stop"|"length"|"abort", "stop_reason": null|int|str,
-  "token_ids": [int], "routed_experts": null, "sampling_mask": null,
+  "token_ids": [int], "routed_experts": null (base64 .npy with routed_experts_prompt_start on a
+  server given routed_experts_shape), "sampling_mask": null,
   "weight_versions": [{"version", "start", "end"}], "logprobs": {"content": [{"token_id", "logprob",
   "rank", "top_logprobs": [sampled first, then the top k]}]}}]}`. Streamed: deltas, one token per
   chunk, `finish_reason`/`stop_reason`/`weight_versions` only in the last, then `data: [DONE]`;
@@ -32,6 +33,8 @@ Shapes served (vLLM 0.33.0, `scale_out/token_in_token_out/protocol.py`, `serving
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import threading
 import time
@@ -40,13 +43,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from tokenizers import Tokenizer
 
-from tests.fakes.sglang import ScriptedOutput
+from tests.fakes.sglang import ScriptedOutput, routing
 
 # vLLM 0.33.0's SamplingParams fields (sampling_params.py); anything else is dropped silently.
 SAMPLING_KEYS = frozenset(
@@ -79,6 +83,7 @@ SAMPLING_KEYS = frozenset(
         "stream_interval",
         "repetition_detection",
         "thinking_token_budget",
+        "routed_experts_prompt_start",
         "extra_args",
     }
 )
@@ -126,6 +131,8 @@ class _Sample:
     finish: str
     stop_reason: int | str | None
     version: str
+    prompt: list[int] = field(default_factory=list)
+    experts_from: int | None = None  # routed_experts_prompt_start, on a server that returns them
 
 
 @dataclass
@@ -153,6 +160,10 @@ class FakeVLLM:
     abort_at: deque[int] = field(default_factory=deque)
     version_after_abort: str | None = None
     chunk_delay_s: float = 0.0
+    # Loaded LoRA adapters (name -> path): /v1/models cards with a parent; `model` selects one.
+    adapters: dict[str, str] = field(default_factory=dict)
+    # (layers, top_k) of a MoE model served with --enable-return-routed-experts; None: served without.
+    routed_experts_shape: tuple[int, int] | None = None
     _running: dict[str, asyncio.Event] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -294,6 +305,9 @@ class FakeVLLM:
         self.requests.append(body)
         params = body["sampling_params"]
         rid = f"generate-tokens-{body.get('request_id') or uuid.uuid4().hex}"
+        model = body.get("model")
+        if model is not None and model != self.model_name and model not in self.adapters:
+            return _error(f"The model `{model}` does not exist.", 404, "NotFoundError", "model")
         try:
             cap = self._check(body["token_ids"], params)
         except _Refused as refused:
@@ -312,6 +326,9 @@ class FakeVLLM:
                 )
             return _error(refused.message, refused.status, refused.kind)
         sample = self._sample(params, cap, body["token_ids"])
+        sample.prompt = list(body["token_ids"])
+        if self.routed_experts_shape is not None and "routed_experts_prompt_start" in params:
+            sample.experts_from = int(params["routed_experts_prompt_start"])
         k = int(params.get("logprobs") or 0)
         if body.get("stream"):
             return StreamingResponse(self._generate_stream(rid, sample, k), media_type="text/event-stream")
@@ -346,7 +363,7 @@ class FakeVLLM:
             "finish_reason": sample.finish if last else None,
             "stop_reason": sample.stop_reason if last else None,
             "token_ids": sample.ids[start:end],
-            "routed_experts": None,
+            "routed_experts": self._routing(sample) if last else None,
             "sampling_mask": None,
             "weight_versions": [{"version": sample.version, "start": 0, "end": len(sample.ids)}]
             if last
@@ -356,6 +373,19 @@ class FakeVLLM:
             },
         }
 
+    def _routing(self, sample: _Sample) -> str | None:
+        """base64 of a .npy (tokens - 1 from routed_experts_prompt_start, layers, top_k) array."""
+        if sample.experts_from is None or self.routed_experts_shape is None:
+            return None
+        stream = [*sample.prompt, *sample.ids]
+        rows = [
+            routing(position, stream[position], self.routed_experts_shape)
+            for position in range(sample.experts_from, len(stream) - 1)
+        ]
+        buffer = io.BytesIO()
+        np.save(buffer, np.asarray(rows, dtype=np.int32).reshape(-1, *self.routed_experts_shape))
+        return base64.b64encode(buffer.getvalue()).decode("ascii")
+
     async def _generate_stream(self, rid: str, sample: _Sample, k: int) -> Any:
         stop = asyncio.Event()
         self._running[rid] = stop
@@ -364,7 +394,13 @@ class FakeVLLM:
                 if stop.is_set():
                     kept = end - 1
                     aborted = _Sample(
-                        sample.ids[:kept], sample.logprobs[:kept], "abort", None, sample.version
+                        sample.ids[:kept],
+                        sample.logprobs[:kept],
+                        "abort",
+                        None,
+                        sample.version,
+                        sample.prompt,
+                        sample.experts_from,
                     )
                     chunk = self._choice(aborted, end - 1, end - 1, k, last=True)
                     event = {"request_id": rid, "usage": None, "output_mode": "tokens", "choices": [chunk]}
@@ -490,7 +526,11 @@ class FakeVLLM:
             "max_model_len": self.context_length,
             "permission": [],
         }
-        return JSONResponse({"object": "list", "data": [card]})
+        adapters = [
+            {**card, "id": name, "root": path, "parent": self.model_name, "max_model_len": None}
+            for name, path in self.adapters.items()
+        ]
+        return JSONResponse({"object": "list", "data": [card, *adapters]})
 
     async def health(self, _: Request) -> Response:
         return Response(status_code=200)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
+
+import numpy as np
 
 from proxy.engines.base import (
     ContextLimits,
@@ -16,6 +19,7 @@ from proxy.engines.base import (
     StreamChunk,
 )
 from proxy.engines.resuming import ResumingEngine
+from proxy.engines.routed_experts import ExpertsAsk, RoutedExperts
 from proxy.weight_sync import PauseGate
 
 
@@ -144,3 +148,24 @@ def test_an_abort_the_proxy_asked_for_is_never_continued() -> None:
     assert inner.prompts == [[9]]
     assert result.finish.kind == "abort"
     assert result.output_ids == [1, 2]
+
+
+def _routed(start: int, count: int) -> RoutedExperts:
+    return RoutedExperts(start, np.arange(count * 2).reshape(count, 1, 2) + 10 * start)
+
+
+def test_routed_experts_of_the_attempts_are_joined_or_dropped_whole() -> None:
+    asked = SamplingParams(max_new_tokens=10, routed_experts=ExpertsAsk(0, (1, 2)))
+    # Prompt [9]: the first attempt covers positions [0, 2), the continuation asks from 2 on.
+    first = replace(_gen([1, 2], "abort", "a"), routed_experts=_routed(0, 2))
+    second = replace(_gen([3, 4], "stop", "a"), routed_experts=_routed(2, 2))
+    result = asyncio.run(ResumingEngine(ScriptedEngine([first, second]), PauseGate()).generate([9], asked))
+    assert result.routed_experts is not None
+    assert (result.routed_experts.start, result.routed_experts.end) == (0, 4)
+    assert result.routed_experts.rows.tolist() == [*_routed(0, 2).rows.tolist(), *_routed(2, 2).rows.tolist()]
+    # Routings that do not meet (an engine that ignored the start) are dropped, never misaligned.
+    gap = replace(_gen([3, 4], "stop", "a"), routed_experts=_routed(3, 2))
+    first = replace(_gen([1, 2], "abort", "a"), routed_experts=_routed(0, 2))
+    result = asyncio.run(ResumingEngine(ScriptedEngine([first, gap]), PauseGate()).generate([9], asked))
+    assert result.output_ids == [1, 2, 3, 4]
+    assert result.routed_experts is None

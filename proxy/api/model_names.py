@@ -1,0 +1,106 @@
+"""Which weights a request's `model` names: the served model (or an alias), a LoRA adapter the engine
+serves, or neither.
+
+The rule for a name that is neither (harnesses send their own defaults, such as Codex CLI's
+`gpt-5-codex` or Claude Code's `claude-sonnet-4-5`): it is sampled by the base model and recorded as
+requested; with --strict-model-names it is a 404 `model_not_found`. A name the engine listed as an
+adapter in this process's life is never sampled by the base weights: once unloaded, it is a 404.
+
+Adapters are the engine's `/v1/models` cards with a `parent` (SGLang and vLLM both list them so),
+read at start and cached briefly; an unknown name reads them again (at most once a second), so an
+adapter loaded at run time is served without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.errors import ModelNotFound, ProxyError
+
+log = logging.getLogger("tito_proxy.models")
+
+# How long a listing of the engine's adapters is used for names it holds.
+ADAPTERS_TTL_S = 5.0
+# How often at most an unknown name makes the proxy list them again.
+REFRESH_S = 1.0
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    requested: str | None
+    adapter: str | None  # None: the base weights
+
+
+class ModelNames:
+    """Resolves request model names against the served names and the engine's adapters."""
+
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        base_names: Iterable[str | None],
+        strict: bool,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.engine = engine
+        self.base_names = frozenset(name for name in base_names if name)
+        self.strict = strict
+        self._clock = clock
+        self._listed: dict[str, str] = {}
+        self._listed_at: float | None = None
+        self._lock: asyncio.Lock | None = None
+        self._ever_listed: set[str] = set()
+        # Why the last listing failed: an unknown name is then refused, since it may be an adapter.
+        self._failure: ProxyError | None = None
+
+    @property
+    def serves_adapters(self) -> bool:
+        return callable(getattr(self.engine, "adapters", None))
+
+    async def adapters(self, *, older_than: float = ADAPTERS_TTL_S) -> dict[str, str]:
+        """The engine's adapters (name -> path), listed again when the last listing is older than this."""
+        if not self.serves_adapters:
+            return {}
+        if self._fresh(older_than):
+            return self._listed
+        self._lock = self._lock or asyncio.Lock()
+        async with self._lock:
+            if self._fresh(older_than):  # listed by a request that held the lock first
+                return self._listed
+            try:
+                listed = await self.engine.adapters()
+            except ProxyError as exc:
+                log.warning("cannot list the engine's LoRA adapters: %s", exc.message)
+                self._failure = exc
+                return self._listed
+            self._listed, self._listed_at, self._failure = listed, self._clock(), None
+            self._ever_listed |= listed.keys()
+        return self._listed
+
+    def _fresh(self, older_than: float) -> bool:
+        return self._listed_at is not None and self._clock() - self._listed_at < older_than
+
+    async def choose(self, name: str | None) -> ModelChoice:
+        if name is None or name in self.base_names:
+            return ModelChoice(name, None)
+        listed = await self.adapters()
+        if name not in listed:
+            listed = await self.adapters(older_than=REFRESH_S)  # loaded since the last listing?
+        if name in listed:
+            return ModelChoice(name, name)
+        if self._failure is not None:
+            raise self._failure  # it may name an adapter loaded meanwhile: never guess the base model
+        if name in self._ever_listed:
+            raise ModelNotFound(
+                f"the LoRA adapter {name!r} is no longer loaded on the engine; it is never sampled by "
+                "the base model under its name"
+            )
+        if self.strict:
+            served = ", ".join(sorted(self.base_names | listed.keys()))
+            raise ModelNotFound(f"The model {name!r} does not exist: this proxy serves {served}")
+        return ModelChoice(name, None)

@@ -1,0 +1,145 @@
+"""The model-name rule: served names and aliases are the base model, listed adapters are sampled with
+themselves, other names are the base model (or a 404 when strict), and a name once listed as an
+adapter is never the base model; listings are cached briefly and refreshed on an unknown name."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.api.model_names import ModelChoice, ModelNames
+from proxy.config import Settings
+from proxy.errors import EngineUnavailable, ModelNotFound
+
+
+class Engine:
+    """An engine whose adapter listing the test changes, counting the listings."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[str, str] = {}
+        self.listings = 0
+        self.down = False
+
+    async def adapters(self) -> dict[str, str]:
+        self.listings += 1
+        if self.down:
+            raise EngineUnavailable("down")
+        return dict(self.loaded)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _names(engine: Engine, clock: Clock, *, strict: bool = False) -> ModelNames:
+    return ModelNames(engine, base_names=["qwen", None, "alias"], strict=strict, clock=clock)
+
+
+def test_names_resolve_by_the_rule() -> None:
+    engine, clock = Engine(), Clock()
+    engine.loaded = {"math": "/a/math"}
+    names = _names(engine, clock)
+
+    async def run() -> None:
+        assert await names.choose("qwen") == ModelChoice("qwen", None)
+        assert await names.choose("alias") == ModelChoice("alias", None)
+        assert await names.choose(None) == ModelChoice(None, None)
+        assert await names.choose("math") == ModelChoice("math", "math")
+        assert await names.choose("gpt-5-codex") == ModelChoice("gpt-5-codex", None)
+        strict = _names(engine, clock, strict=True)
+        with pytest.raises(ModelNotFound) as refused:
+            await strict.choose("gpt-5-codex")
+        assert (refused.value.status_code, refused.value.code) == (404, "model_not_found")
+        assert await strict.choose("math") == ModelChoice("math", "math")
+
+    asyncio.run(run())
+
+
+def test_listings_are_cached_and_refreshed_for_unknown_names_at_most_once_a_second() -> None:
+    engine, clock = Engine(), Clock()
+    names = _names(engine, clock)
+
+    async def run() -> None:
+        await names.choose("late")
+        await names.choose("late")
+        assert engine.listings == 1  # the second unknown name within a second lists nothing again
+        engine.loaded = {"late": "/a/late"}
+        clock.now += 1.5
+        assert await names.choose("late") == ModelChoice("late", "late")
+        listings = engine.listings
+        clock.now += 1.0
+        await names.choose("late")  # a known adapter within the cache's life: no listing
+        assert engine.listings == listings
+
+    asyncio.run(run())
+
+
+def test_a_name_once_listed_as_an_adapter_is_never_the_base_model() -> None:
+    engine, clock = Engine(), Clock()
+    engine.loaded = {"gone": "/a/gone"}
+    names = _names(engine, clock)
+
+    async def run() -> None:
+        assert (await names.choose("gone")).adapter == "gone"
+        engine.loaded = {}
+        clock.now += 10
+        with pytest.raises(ModelNotFound):
+            await names.choose("gone")
+
+    asyncio.run(run())
+
+
+def test_an_engine_that_cannot_list_keeps_the_last_listing() -> None:
+    engine, clock = Engine(), Clock()
+    engine.loaded = {"math": "/a/math"}
+    names = _names(engine, clock)
+
+    async def run() -> None:
+        await names.adapters()
+        engine.down = True
+        clock.now += 10
+        assert await names.choose("math") == ModelChoice("math", "math")
+        assert await names.choose("qwen") == ModelChoice("qwen", None)
+        with pytest.raises(EngineUnavailable):
+            await names.choose("unknown")  # perhaps an adapter loaded meanwhile: not guessed
+
+    asyncio.run(run())
+
+
+def test_the_flags_reach_the_settings_and_the_workers(qwen_dir: Path) -> None:
+    import argparse
+
+    from proxy.cli import _serve_parser, _settings_from, settings_environment
+
+    parser = argparse.ArgumentParser()
+    _serve_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(
+        [
+            "serve",
+            "--tokenizer",
+            str(qwen_dir),
+            "--engine",
+            "vllm",
+            "--model-aliases",
+            "a, b",
+            "--strict-model-names",
+            "--record-routed-experts",
+            "--routed-experts-shape",
+            "48,8",
+        ]
+    )
+    settings = _settings_from(args)
+    assert settings.model_alias_names == ["a", "b"]
+    assert (settings.strict_model_names, settings.record_routed_experts) == (True, True)
+    assert settings.routed_experts_dims == (48, 8)
+    environment: dict[str, Any] = {
+        name.removeprefix("TITO_").lower(): value for name, value in settings_environment(settings).items()
+    }
+    assert Settings(**environment) == settings
