@@ -124,3 +124,13 @@ class RetryClaimRow(Base):
     name: Mapped[str] = mapped_column(String(300), primary_key=True)
     owner: Mapped[str] = mapped_column(String(64))
     claimed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class EngineAffinityRow(Base):
+    """The engine a session's turns go to, shared by every worker process (proxy/engines/pool.py)."""
+
+    __tablename__ = "engine_affinity"
+
+    session_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    engine_id: Mapped[str] = mapped_column(String(64))
+    assigned_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
