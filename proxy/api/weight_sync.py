@@ -29,9 +29,18 @@ def _engine(state: AppState) -> ResumingEngine:
 
 def _state(state: AppState, engine: ResumingEngine) -> dict[str, Any]:
     gate = engine.gate.state()
-    if state.pool is None:
+    if state.pool is None or len(state.pool.members) == 1:  # one engine: the shape it always had
         return {**gate, "engines": [{"name": engine.name, "in_flight": gate["in_flight"]}]}
-    engines = [{"name": engine.name, **member} for member in state.pool.engines_report()]
+    engines = [
+        {
+            "name": engine.name,
+            "id": m["id"],
+            "url": m["url"],
+            "healthy": m["healthy"],
+            "in_flight": m["in_flight"],
+        }
+        for m in state.pool.engines_report()
+    ]
     return {**gate, "engines": engines}
 
 

@@ -99,7 +99,9 @@ async def open_pool(settings: Settings, engine: Engine | None = None) -> EngineP
     if engine is not None or settings.engine == "local":
         inference = engine or build_engine(settings)
         member = Member("engine-0", settings.engine_urls[0], inference.name, inference)
-        return _pool(settings, [member])
+        pool = _pool(settings, [member])
+        await _same_model(pool, [member])  # the model an engine registered later must serve
+        return pool
     members: list[Member] = []
     try:
         for index, url in enumerate(settings.engine_urls):
@@ -107,8 +109,7 @@ async def open_pool(settings: Settings, engine: Engine | None = None) -> EngineP
             members.append(Member(f"engine-{index}", url, settings.engine, inference))
             members[-1].engine = await check_engine(settings, inference, url)
         pool = _pool(settings, members)
-        if len(members) > 1:
-            await _same_model(pool, members)
+        await _same_model(pool, members)
     except BaseException:
         for member in members:
             await member.engine.aclose()
@@ -130,7 +131,7 @@ async def _same_model(pool: EnginePool, members: list[Member]) -> None:
         except ProxyError as exc:
             if exc.code == "engine_unreachable":
                 log.warning(
-                    "engine %s: %s; its model is checked when it is registered", member.id, exc.message
+                    "engine %s: %s; its model cannot be compared yet", member.id, exc.message
                 )
                 continue
             log.error("tito-proxy cannot start: %s", exc.message)
