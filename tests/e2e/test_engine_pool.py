@@ -24,7 +24,7 @@ from tests.conftest import ProxyFactory
 from tests.fakes.router import FakeRouter
 from tests.fakes.sglang import FakeSGLang
 from tests.fakes.vllm import FakeVLLM
-from tests.support import serve, token_id
+from tests.support import assemble_stream, serve, stream_events, token_id
 
 MakeEngine = Callable[..., FakeSGLang]
 
@@ -123,6 +123,38 @@ def test_a_lost_engines_sessions_move_and_render_the_same_ids(
     assert not listed["engine-1"]["healthy"]
     assert listed["engine-1"]["last_error"]
     assert listed["engine-0"]["healthy"]
+
+
+def test_a_stream_cut_by_a_lost_engine_is_continued_on_another(
+    start_proxy: ProxyFactory, engine: FakeSGLang, make_engine: MakeEngine, qwen_tokenizer: Tokenizer
+) -> None:
+    doomed = make_engine()
+    im_end = token_id(qwen_tokenizer, "<|im_end|>")
+    words = qwen_tokenizer.encode(" word" * 8, add_special_tokens=False).ids
+    rest = [*qwen_tokenizer.encode(" done", add_special_tokens=False).ids, im_end]
+    urls = f"{engine.url},{doomed.url}"  # type: ignore[attr-defined]
+    with start_proxy(engine_url=urls, engine_restart_wait_s=5, engine_health_interval_s=60) as url:
+        _turn(url, "warm", [{"role": "user", "content": "hi"}])  # engine-0; the next session: engine-1
+        doomed.push([*words, im_end])
+        doomed.fault, doomed.healthy = "cut_stream", False  # it dies mid-stream
+        engine.push(rest)
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "go"}],
+            "stream": True,
+            "max_tokens": 64,
+        }
+        events, _ = stream_events(url, body, "cut")
+        [segment] = httpx.get(f"{url}/sessions/cut/trajectory").json()["segments"]
+    [lost] = doomed.requests
+    moved = engine.requests[-1]
+    # Continued from the prompt plus the tokens the lost engine had streamed.
+    kept = moved["input_ids"][len(lost["input_ids"]) :]
+    assert moved["input_ids"][: len(lost["input_ids"])] == lost["input_ids"]
+    assert 0 < len(kept) < len(words)
+    assert kept == words[: len(kept)]
+    assert assemble_stream(events)["content"] == qwen_tokenizer.decode(kept + rest[:-1])
+    assert segment["response_ids"] == kept + rest
 
 
 def test_engines_are_added_listed_and_drained_behind_the_admin_key(

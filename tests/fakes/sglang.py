@@ -83,6 +83,7 @@ class FakeSGLang:
     # finish reason, then [DONE]).
     fault: str | None = None
     hang_s: float = 30.0
+    healthy: bool = True  # False: /health and /ready answer 503 (a server going down)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # Plain requests under way, by rid: /abort_request ends their hang with an abort, as SGLang does.
     _hanging: dict[str, asyncio.Event] = field(default_factory=dict)
@@ -370,7 +371,7 @@ class FakeSGLang:
         return JSONResponse({"model_path": self.model_name, "weight_version": self.weight_version})
 
     async def health(self, _: Request) -> JSONResponse:
-        return JSONResponse({})
+        return JSONResponse({}, status_code=200 if self.healthy else 503)
 
     async def abort(self, request: Request) -> JSONResponse:
         body = await request.json()
