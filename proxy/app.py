@@ -45,7 +45,7 @@ from proxy.observe import metrics_route, ui
 from proxy.observe.logs import install_record_ids
 from proxy.observe.metrics import Metrics
 from proxy.observe.request_ids import RequestIdMiddleware
-from proxy.store.affinity import DatabaseAffinity
+from proxy.store.affinity import DatabaseAffinity, DatabaseRegistry
 from proxy.store.claims import RetryClaims
 from proxy.store.database import (
     create_engine,
@@ -87,6 +87,8 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         await upgrade_to_head(settings.db)
         db_engine = create_engine(settings.db)
         pool.store = DatabaseAffinity(session_factory(db_engine))
+        pool.registry = DatabaseRegistry(session_factory(db_engine))
+        await pool.reconcile()  # engines added or removed at run time, before a restart too
         pool.start()
         renderer = Renderer(load_tokenizer_files(settings.tokenizer_dir))
         # Every engine answer passes the checks before it is recorded or streamed; every engine call

@@ -1,5 +1,6 @@
 """Engine affinity: the engine each session's turns go to, so that every worker process sends a
-session to the same engine (its prefix cache) and moves it off a lost engine only once.
+session to the same engine (its prefix cache) and moves it off a lost engine only once; and the
+engines registered or removed at run time, which every worker process follows.
 
 Revision ID: 0008_engine_affinity
 Revises: 0007_call_ids_never_reused
@@ -25,7 +26,16 @@ def upgrade() -> None:
         sa.Column("assigned_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("session_id"),
     )
+    op.create_table(
+        "registered_engines",
+        sa.Column("id", sa.String(length=64), nullable=False),
+        sa.Column("url", sa.String(length=2048), nullable=False),
+        sa.Column("removed", sa.Boolean(), nullable=False),
+        sa.Column("changed_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("id"),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("registered_engines")
     op.drop_table("engine_affinity")

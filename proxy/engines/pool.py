@@ -45,6 +45,16 @@ class AffinityStore(Protocol):
         ...
 
 
+class EngineRegistry(Protocol):
+    """Engines added and removed at run time, shared by every process of one proxy."""
+
+    async def entries(self) -> list[tuple[str, str, bool]]: ...
+
+    async def added(self, engine_id: str, url: str) -> None: ...
+
+    async def removed(self, engine_id: str, url: str) -> None: ...
+
+
 class MemoryAffinity:
     """Assignments of one process (tests, and apps built without a database)."""
 
@@ -127,12 +137,14 @@ class EnginePool:
         self.supports_constraints: bool = all(m.engine.supports_constraints for m in members)
         self.limits: ContextLimits = first.limits
         self.store: AffinityStore = store or MemoryAffinity()
+        self.registry: EngineRegistry | None = None  # None: this process's engines are the only ones
         self.health_interval_s = health_interval_s
         self._connect = connect
         self._running: dict[str, Member] = {}  # request id -> the member running it
         # Session -> engine id, as last seen by this process (the newest first out of the store).
         self._local: OrderedDict[str, str] = OrderedDict()
         self._health: asyncio.Task[None] | None = None
+        self._drains: set[asyncio.Task[None]] = set()
         self.model: str | None = None  # the model every engine must serve
 
     def __getattr__(self, attribute: str) -> Any:
@@ -273,10 +285,11 @@ class EnginePool:
         return any(checks)
 
     async def aclose(self) -> None:
-        if self._health is not None:
-            self._health.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._health
+        for task in [self._health, *self._drains]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for member in self.members.values():
             await member.engine.aclose()
 
@@ -291,9 +304,31 @@ class EnginePool:
         while True:
             await asyncio.sleep(self.health_interval_s)
             try:
+                await self.reconcile()
                 await asyncio.gather(*(self._check(m) for m in list(self.members.values())))
             except Exception:  # a health round must never stop the next one
                 log.exception("engine health check failed")
+
+    async def reconcile(self) -> None:
+        """Follow the engines other processes added or removed at run time (and, at start, those
+        added or removed before a restart)."""
+        if self.registry is None:
+            return
+        for engine_id, url, removed in await self.registry.entries():
+            member = self.members.get(engine_id)
+            if removed and member is not None and not member.draining:
+                if all(m.draining or m is member for m in self.members.values()):
+                    continue  # never this process's last engine
+                member.draining = True
+                self._drains.add(asyncio.create_task(self._drain(member)))
+                self._drains = {task for task in self._drains if not task.done()}
+            elif not removed and member is None:
+                try:
+                    await self._join(url, engine_id)
+                except Exception as exc:  # tried again next round
+                    log.warning(
+                        "engine %s (%s) registered elsewhere cannot be added here: %s", engine_id, url, exc
+                    )
 
     async def _check(self, member: Member) -> bool:
         try:
@@ -322,16 +357,20 @@ class EnginePool:
             raise Conflict(f"an engine with id {engine_id!r} is registered already", code="engine_exists")
         if any(m.url == url for m in self.members.values()):
             raise Conflict(f"the engine at {url} is registered already", code="engine_exists")
+        return await self._join(url, engine_id, record=True)
+
+    async def _join(self, url: str, engine_id: str, *, record: bool = False) -> Member:
         assert self._connect is not None, "this pool takes no engines at run time"
         engine, kind = await self._connect(url)
         try:
             await self.check_model(engine, url)
+            if engine_id in self.members:  # registered meanwhile by a concurrent call
+                raise Conflict(f"an engine with id {engine_id!r} is registered already", code="engine_exists")
+            if record and self.registry is not None:
+                await self.registry.added(engine_id, url)
         except BaseException:
             await engine.aclose()
             raise
-        if engine_id in self.members:  # registered meanwhile by a concurrent call
-            await engine.aclose()
-            raise Conflict(f"an engine with id {engine_id!r} is registered already", code="engine_exists")
         member = Member(engine_id, url, kind, engine)
         self.members[engine_id] = member
         self.supports_constraints = self.supports_constraints and engine.supports_constraints
@@ -372,11 +411,17 @@ class EnginePool:
         if all(m.draining or m is member for m in self.members.values()):
             raise Conflict("the proxy's last engine cannot be removed; add another first", code="last_engine")
         member.draining = True
-        await member.idle.wait()
-        self.members.pop(engine_id, None)
-        await member.engine.aclose()
-        log.info("engine %s (%s) removed", engine_id, member.url)
+        if self.registry is not None:
+            await self.registry.removed(engine_id, member.url)
+        await self._drain(member)
         return member
+
+    async def _drain(self, member: Member) -> None:
+        await member.idle.wait()
+        if self.members.get(member.id) is member:
+            del self.members[member.id]
+            await member.engine.aclose()
+            log.info("engine %s (%s) removed", member.id, member.url)
 
     def engines_report(self) -> list[dict[str, Any]]:
         return [m.report() for m in self.members.values()]

@@ -1,5 +1,6 @@
-"""Sessions' engines in the database: the first process to assign a session wins, and a move off a
-lost engine happens once (compare-and-set), so `--workers` processes keep a session on one engine."""
+"""The pool's shared state in the database, so `--workers` processes agree: sessions' engines (the
+first process to assign a session wins, a move off a lost engine happens once: compare-and-set) and
+the engines registered or removed at run time."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from proxy.store.models import EngineAffinityRow
+from proxy.errors import Conflict
+from proxy.store.models import EngineAffinityRow, RegisteredEngineRow
 from proxy.store.repository import utcnow
 
 
@@ -44,3 +46,41 @@ class DatabaseAffinity:
             except IntegrityError:
                 pass  # assigned already: by this move, or by another process first
         return await self.get(session_id) or engine_id
+
+
+class DatabaseRegistry:
+    """Engines added and removed at run time; ids are unique across processes and restarts."""
+
+    def __init__(self, db_sessions: async_sessionmaker[DbSession]) -> None:
+        self._db_sessions = db_sessions
+
+    async def entries(self) -> list[tuple[str, str, bool]]:
+        """(id, url, removed) of every engine changed at run time."""
+        async with self._db_sessions() as db:
+            rows = await db.execute(
+                select(RegisteredEngineRow.id, RegisteredEngineRow.url, RegisteredEngineRow.removed)
+            )
+            return [(engine_id, url, removed) for engine_id, url, removed in rows]
+
+    async def added(self, engine_id: str, url: str) -> None:
+        """Record an added engine; Conflict when another process registered that id (a removed
+        engine's id may be taken again)."""
+        async with self._db_sessions() as db:
+            try:
+                async with db.begin():
+                    db.add(RegisteredEngineRow(id=engine_id, url=url, removed=False, changed_at=utcnow()))
+                return
+            except IntegrityError:
+                pass
+        async with self._db_sessions() as db, db.begin():
+            reused = await db.execute(
+                update(RegisteredEngineRow)
+                .where(RegisteredEngineRow.id == engine_id, RegisteredEngineRow.removed.is_(True))
+                .values(url=url, removed=False, changed_at=utcnow())
+            )
+        if not getattr(reused, "rowcount", 0):
+            raise Conflict(f"an engine with id {engine_id!r} is registered already", code="engine_exists")
+
+    async def removed(self, engine_id: str, url: str) -> None:
+        async with self._db_sessions() as db, db.begin():
+            await db.merge(RegisteredEngineRow(id=engine_id, url=url, removed=True, changed_at=utcnow()))

@@ -5,6 +5,7 @@ sglang-router the routing key keeps a session on one worker and aborts reach the
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -24,7 +25,7 @@ from tests.conftest import ProxyFactory
 from tests.fakes.router import FakeRouter
 from tests.fakes.sglang import FakeSGLang
 from tests.fakes.vllm import FakeVLLM
-from tests.support import assemble_stream, serve, stream_events, token_id
+from tests.support import assemble_stream, serve, spawn_proxy, stream_events, token_id
 
 MakeEngine = Callable[..., FakeSGLang]
 
@@ -305,3 +306,56 @@ def test_an_abort_through_sglang_router_reaches_the_worker_running_the_request(
     running_worker = next(w for w in workers if w.url == worker_url)  # type: ignore[attr-defined]
     assert key == "session-x"
     assert running_worker.aborted == ["a" * 32]
+
+
+def _on_both_workers(url: str, call: Callable[[], httpx.Response]) -> dict[str, httpx.Response]:
+    """The answers of `call` as each of two worker processes gives it (new connections until both
+    have answered)."""
+    answers: dict[str, httpx.Response] = {}
+    for _ in range(200):
+        answer = call()
+        answers.setdefault(answer.headers["x-tito-worker"], answer)
+        if len(answers) == 2:
+            return answers
+    raise AssertionError("every call landed on one worker")
+
+
+def test_affinity_and_registration_hold_across_worker_processes(
+    engine: FakeSGLang, make_engine: MakeEngine, qwen_dir: Path, qwen_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    second, third = make_engine(), make_engine()
+    fakes = [engine, second, third]
+    env = {
+        "TITO_DB": f"sqlite:///{tmp_path / 'workers.db'}",
+        "TITO_ENGINE_URL": f"{engine.url},{second.url}",  # type: ignore[attr-defined]
+        "TITO_ENGINE_HEALTH_INTERVAL_S": "0.2",
+    }
+    close = {"connection": "close"}  # a new connection per call: the kernel hands it to either worker
+    args = ["--tokenizer", str(qwen_dir), "--workers", "2"]
+    with spawn_proxy(args, env, tmp_path / "serve.log") as (_, url):
+        seen: set[str] = set()
+        for index in range(4):
+            messages: list[dict[str, Any]] = [{"role": "user", "content": f"hello from w{index}"}]
+            for turn in range(3):
+                reply = httpx.post(
+                    f"{url}/sessions/w{index}/v1/chat/completions",
+                    json={"model": "m", "messages": messages, "max_tokens": 16},
+                    headers=close,
+                    timeout=30,
+                )
+                assert reply.status_code == 200, reply.text
+                seen.add(reply.headers["x-tito-worker"])
+                messages += [reply.json()["choices"][0]["message"], {"role": "user", "content": f"t{turn}"}]
+        assert len(seen) == 2, "every turn landed on one worker"
+        for index in range(4):
+            calls = _served(fakes, qwen_tokenizer, f"w{index}")
+            assert (len(calls), len(set(calls))) == (3, 1), calls
+
+        added = httpx.post(f"{url}/admin/engines", json={"url": third.url, "id": "third"}, timeout=30)  # type: ignore[attr-defined]
+        assert added.status_code == 201, added.text
+        again = httpx.post(f"{url}/admin/engines", json={"url": third.url, "id": "third"}, timeout=30)  # type: ignore[attr-defined]
+        assert again.status_code == 409
+        time.sleep(0.6)  # a few health rounds: the other worker follows the registration
+        listings = _on_both_workers(url, lambda: httpx.get(f"{url}/admin/engines", headers=close))
+        for listing in listings.values():
+            assert [e["id"] for e in listing.json()["engines"]] == ["engine-0", "engine-1", "third"]
