@@ -235,13 +235,14 @@ class EnginePool:
             except EngineUnavailable as exc:  # refused before any chunk: opened on another engine
                 if not self._lost(member, exc, tried):
                     raise
-        member.begin()
-        self._running[request_id] = member
         return self._counted(member, request_id, chunks)
 
     async def _counted(
         self, member: Member, request_id: str, chunks: AsyncIterator[StreamChunk]
     ) -> AsyncIterator[StreamChunk]:
+        # Counted from the first read: a stream never read never runs its `finally` either.
+        member.begin()
+        self._running[request_id] = member
         try:
             async for chunk in chunks:
                 yield chunk
