@@ -5,7 +5,8 @@ from SGLang"): `/v1/models` cards are `owned_by` "sglang" or "vllm"; SGLang serv
 (`/get_model_info` before, and behind sglang-router) with a `model_path`; a POST-only route answers
 a GET with 405 where it exists and 404 where it does not, so `GET /generate` tells SGLang's native
 route and `GET /inference/v1/generate` vLLM's token route (0.11.1+); `/version` answers
-`{"version": ...}` on vLLM.
+`{"version": ...}` on vLLM. An SGLang URL whose GET /workers or /list_workers lists workers is an
+sglang-router (proxy/engines/router.py).
 """
 
 from __future__ import annotations
