@@ -5,6 +5,7 @@ sglang-router the routing key keeps a session on one worker and aborts reach the
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -100,6 +101,34 @@ def test_sessions_stick_to_an_engine_and_new_sessions_balance(
         (f"engine-{i}", fake.url, "sglang", True, 0, 2)  # type: ignore[attr-defined]
         for i, fake in enumerate(fakes)
     ]
+
+
+def test_a_new_session_goes_to_the_engine_with_the_fewest_turns_in_flight(
+    start_proxy: ProxyFactory, engine: FakeSGLang, make_engine: MakeEngine, qwen_tokenizer: Tokenizer
+) -> None:
+    fakes = [engine, make_engine(), make_engine()]
+    urls = ",".join(fake.url for fake in fakes)  # type: ignore[attr-defined]
+    with start_proxy(engine_url=urls) as url:
+        for name in ("a", "b", "c"):  # one session each: engine-0, engine-1, engine-2
+            _turn(url, name, [{"role": "user", "content": f"hello from {name}"}])
+        for busy in fakes[:2]:
+            busy.fault, busy.hang_s = "hang", 2.0  # a and b's next turns stay in flight a while
+        slow = [
+            threading.Thread(
+                target=_turn, args=(url, name, [{"role": "user", "content": f"hello from {name}"}])
+            )
+            for name in ("a", "b")
+        ]
+        for thread in slow:
+            thread.start()
+        while len(fakes[0].requests) + len(fakes[1].requests) < 4:
+            time.sleep(0.01)
+        in_flight = [e["in_flight"] for e in httpx.get(f"{url}/admin/engines").json()["engines"]]
+        _turn(url, "d", [{"role": "user", "content": "hello from d"}])
+        for thread in slow:
+            thread.join()
+    assert in_flight == [1, 1, 0]
+    assert _served(fakes, qwen_tokenizer, "d") == [2]  # not engine-0, first among equals by sessions
 
 
 def test_a_lost_engines_sessions_move_and_render_the_same_ids(

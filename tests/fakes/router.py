@@ -14,8 +14,10 @@ As read in sgl-project/sglang:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +34,7 @@ ROUTING_KEY = "x-smg-routing-key"
 class FakeRouter:
     workers: list[str]  # worker base URLs (FakeSGLang servers)
     routed: list[tuple[str | None, str]] = field(default_factory=list)  # (routing key, worker)
+    _client: httpx.AsyncClient | None = None  # opened in the server's event loop
 
     def pick(self, key: str | None) -> str:
         if key is None:
@@ -44,7 +47,9 @@ class FakeRouter:
         worker = self.pick(key)
         self.routed.append((key, worker))
         body = await request.body()
-        client = httpx.AsyncClient(timeout=60)
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=60)
+        client = self._client
         upstream = await client.send(
             client.build_request(
                 "POST", f"{worker}/generate", content=body, headers={"content-type": "application/json"}
@@ -58,7 +63,6 @@ class FakeRouter:
                     yield block
             finally:
                 await upstream.aclose()
-                await client.aclose()
 
         return StreamingResponse(
             relay(),
@@ -87,8 +91,15 @@ class FakeRouter:
     async def not_found(self, _: Request) -> Response:
         return Response(status_code=404)  # the gateway's sink_handler: an empty 404
 
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _: Starlette) -> AsyncIterator[None]:
+        yield
+        if self._client is not None:
+            await self._client.aclose()
+
     def app(self) -> Starlette:
         return Starlette(
+            lifespan=self._lifespan,
             routes=[
                 Route("/generate", self.generate, methods=["POST"]),
                 Route("/v1/models", self.models),
@@ -98,5 +109,5 @@ class FakeRouter:
                 Route("/readiness", self.health),
                 Route("/workers", self.list_workers),
                 Route("/abort_request", self.not_found, methods=["POST"]),
-            ]
+            ],
         )
