@@ -160,6 +160,8 @@ class ProtocolGuard:
             identity = await identify(self._url, api_key=self._api_key)
             check_identity(self._configured, self._url, identity)
             self._verified = identity.kind != "unreachable"
+            if identity.router and hasattr(self.inner, "router"):
+                self.inner.router = True  # an sglang-router that came up after the proxy
 
     async def generate(
         self,

@@ -43,6 +43,7 @@ class DatabaseAffinity:
                     db.add(
                         EngineAffinityRow(session_id=session_id, engine_id=engine_id, assigned_at=utcnow())
                     )
+                return engine_id
             except IntegrityError:
                 pass  # assigned already: by this move, or by another process first
         return await self.get(session_id) or engine_id

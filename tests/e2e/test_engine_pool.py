@@ -271,6 +271,36 @@ def _start_error(settings: Settings) -> str:
     return asyncio.run(check())
 
 
+def test_a_drained_engine_finishes_its_turns_in_flight(
+    start_proxy: ProxyFactory, engine: FakeSGLang, make_engine: MakeEngine, qwen_tokenizer: Tokenizer
+) -> None:
+    leaving = make_engine()
+    fakes = [engine, leaving]
+    with start_proxy(engine_url=f"{engine.url},{leaving.url}") as url:  # type: ignore[attr-defined]
+        _turn(url, "a", [{"role": "user", "content": "hello from a"}])  # engine-0
+        leaving.fault, leaving.hang_s = "hang", 1.5
+        answers: list[dict[str, Any]] = []
+        slow = threading.Thread(
+            target=lambda: answers.append(_turn(url, "b", [{"role": "user", "content": "hello from b"}]))
+        )
+        slow.start()
+        while not leaving.requests:
+            time.sleep(0.01)
+        asked = time.monotonic()
+        removed = httpx.delete(f"{url}/admin/engines/engine-1", timeout=30)
+        waited = time.monotonic() - asked
+        slow.join()
+        assert removed.status_code == 200
+        assert waited > 1.0, "the drain returned before the engine's call in flight had finished"
+        assert len(answers) == 1  # and that turn was answered
+        _turn(
+            url,
+            "b",
+            [{"role": "user", "content": "hello from b"}, *answers, {"role": "user", "content": "on"}],
+        )
+    assert _served(fakes, qwen_tokenizer, "b") == [1, 0]
+
+
 def test_every_engine_of_a_list_is_identified_and_all_serve_one_model(
     engine: FakeSGLang, make_engine: MakeEngine, qwen_dir: Path, qwen_tokenizer: Tokenizer
 ) -> None:
