@@ -29,7 +29,7 @@ from proxy.engines.base import (
     SamplingParams,
     StreamChunk,
 )
-from proxy.errors import Conflict, EngineError, EngineUnavailable, NotFound
+from proxy.errors import Conflict, EngineError, EngineUnavailable, InvalidRequest, NotFound, ProxyError
 
 log = logging.getLogger("tito_proxy.pool")
 _REMEMBERED = 100_000  # sessions whose engine this process keeps in memory
@@ -353,22 +353,20 @@ class EnginePool:
     async def add(self, url: str, engine_id: str | None = None) -> Member:
         """Register an engine at run time: identified and probed as at start, same model required."""
         url = url.rstrip("/")
-        engine_id = engine_id or self._new_id()
         if engine_id in self.members:
             raise Conflict(f"an engine with id {engine_id!r} is registered already", code="engine_exists")
         if any(m.url == url for m in self.members.values()):
             raise Conflict(f"the engine at {url} is registered already", code="engine_exists")
         return await self._join(url, engine_id, record=True)
 
-    async def _join(self, url: str, engine_id: str, *, record: bool = False) -> Member:
+    async def _join(self, url: str, engine_id: str | None, *, record: bool = False) -> Member:
         assert self._connect is not None, "this pool takes no engines at run time"
         engine, kind = await self._connect(url)
         try:
             await self.check_model(engine, url)
             if engine_id in self.members:  # registered meanwhile by a concurrent call
                 raise Conflict(f"an engine with id {engine_id!r} is registered already", code="engine_exists")
-            if record and self.registry is not None:
-                await self.registry.added(engine_id, url)
+            engine_id = await self._record(url, engine_id) if record else engine_id or self._new_id()
         except BaseException:
             await engine.aclose()
             raise
@@ -380,8 +378,6 @@ class EnginePool:
 
     async def check_model(self, engine: Engine, url: str) -> None:
         """Every engine must serve the model the others serve (the ids rendered mean the same tokens)."""
-        from proxy.errors import InvalidRequest, ProxyError
-
         try:
             model = (await engine.info()).model
         except ProxyError as exc:
@@ -397,9 +393,25 @@ class EnginePool:
                 code="engine_model_mismatch",
             )
 
-    def _new_id(self) -> str:
+    async def _record(self, url: str, engine_id: str | None) -> str:
+        """Store a registration for every process; an id made up here skips those taken elsewhere."""
+        if engine_id is not None or self.registry is None:
+            engine_id = engine_id or self._new_id()
+            if self.registry is not None:
+                await self.registry.added(engine_id, url)
+            return engine_id
+        taken: set[str] = set()
+        while True:
+            candidate = self._new_id(taken)
+            try:
+                await self.registry.added(candidate, url)
+                return candidate
+            except Conflict:
+                taken.add(candidate)
+
+    def _new_id(self, taken: set[str] | None = None) -> str:
         index = len(self.members)
-        while f"engine-{index}" in self.members:
+        while f"engine-{index}" in self.members or f"engine-{index}" in (taken or set()):
             index += 1
         return f"engine-{index}"
 
