@@ -155,6 +155,37 @@ def test_a_lost_engines_sessions_move_and_render_the_same_ids(
     assert listed["engine-0"]["healthy"]
 
 
+def test_an_engine_failing_its_health_check_is_taken_out_until_it_passes(
+    start_proxy: ProxyFactory, engine: FakeSGLang, make_engine: MakeEngine, qwen_tokenizer: Tokenizer
+) -> None:
+    ailing = make_engine()
+    fakes = [engine, ailing]
+
+    def healthy(url: str) -> list[bool]:
+        return [e["healthy"] for e in httpx.get(f"{url}/admin/engines").json()["engines"]]
+
+    def wait_for(url: str, wanted: list[bool]) -> None:
+        deadline = time.monotonic() + 5
+        while healthy(url) != wanted:
+            assert time.monotonic() < deadline, healthy(url)
+            time.sleep(0.05)
+
+    with start_proxy(engine_url=f"{engine.url},{ailing.url}", engine_health_interval_s=0.1) as url:  # type: ignore[attr-defined]
+        first = [{"role": "user", "content": "hello from s"}]
+        second = [*first, _turn(url, "s", first), {"role": "user", "content": "more"}]
+        _turn(url, "t", [{"role": "user", "content": "hello from t"}])  # engine-1
+        ailing.healthy = False  # /ready answers 503, though it would still generate
+        wait_for(url, [True, False])
+        _turn(url, "t", [{"role": "user", "content": "hello from t"}, *second[1:]])
+        _turn(url, "u", [{"role": "user", "content": "hello from u"}])  # a new session: engine-0
+        ailing.healthy = True
+        wait_for(url, [True, True])
+        _turn(url, "v", [{"role": "user", "content": "hello from v"}])  # back in: the least loaded
+    assert _served(fakes, qwen_tokenizer, "t") == [1, 0]
+    assert _served(fakes, qwen_tokenizer, "u") == [0]
+    assert _served(fakes, qwen_tokenizer, "v") == [1]
+
+
 def test_a_stream_cut_by_a_lost_engine_is_continued_on_another(
     start_proxy: ProxyFactory, engine: FakeSGLang, make_engine: MakeEngine, qwen_tokenizer: Tokenizer
 ) -> None:
