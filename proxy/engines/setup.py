@@ -6,7 +6,8 @@ import logging
 
 from proxy.config import Settings
 from proxy.engines.base import Engine
-from proxy.engines.pool import EnginePool, Member
+from proxy.engines.members import Member
+from proxy.engines.pool import EnginePool
 from proxy.errors import EngineMismatch, EngineUnavailable, InvalidRequest, ProxyError
 
 log = logging.getLogger("tito_proxy")

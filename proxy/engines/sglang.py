@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from proxy.engines import router
+from proxy.engines import router as sglang_router
 from proxy.engines.base import (
     ContextLimits,
     EngineInfo,
@@ -203,7 +203,7 @@ class SGLangEngine:
         """POST the payload; the response is open, its body unread."""
         headers = {"content-type": "application/json"}
         if self.router and affinity is not None:
-            headers.update(router.routing_headers(affinity))
+            headers.update(sglang_router.routing_headers(affinity))
         try:
             return await self._session().post(self._url(path), data=_json(payload), headers=headers)
         except TimeoutError as exc:
@@ -315,7 +315,7 @@ class SGLangEngine:
         if self.router and status == 404:
             # A router without the route (sgl-model-gateway up to its abort fan-out): the proxy sends
             # the abort to every worker itself; rids are unique, so only the one running it acts.
-            await router.abort_on_workers(self._session(), self._base_url, body)
+            await sglang_router.abort_on_workers(self._session(), self._base_url, body)
 
     async def _post_abort(self, url: URL, body: dict[str, Any]) -> int:
         """The status of one /abort_request; 0 when nothing answered."""

@@ -1,6 +1,8 @@
-"""The pool's shared state in the database, so `--workers` processes agree: sessions' engines (the
-first process to assign a session wins, a move off a lost engine happens once: compare-and-set) and
-the engines registered or removed at run time."""
+"""The engine pool's state that `--workers` processes share: sessions' engines, run-time engines.
+
+A session's first assignment is won by one process (the primary key decides); a move off a lost
+engine happens once (compare-and-set on the engine it leaves).
+"""
 
 from __future__ import annotations
 
