@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy import native_memory
-from proxy.api import admin, export, health, models, sessions, weight_sync
+from proxy.api import admin, engines, export, health, models, sessions, weight_sync
 from proxy.api.auth import require_admin_key, require_harness_key
 from proxy.api.groups import group_from_headers
 from proxy.api.limits import BodyLimit
@@ -34,10 +34,9 @@ from proxy.dialects import anthropic, chat, completions, responses
 from proxy.engines.base import Engine
 from proxy.engines.checked import CheckedEngine
 from proxy.engines.resuming import ResumingEngine
+from proxy.engines.setup import open_pool
 from proxy.errors import (
     EngineError,
-    EngineMismatch,
-    EngineUnavailable,
     InvalidRequest,
     ProxyError,
     with_request_id,
@@ -46,6 +45,7 @@ from proxy.observe import metrics_route, ui
 from proxy.observe.logs import install_record_ids
 from proxy.observe.metrics import Metrics
 from proxy.observe.request_ids import RequestIdMiddleware
+from proxy.store.affinity import DatabaseAffinity, DatabaseRegistry
 from proxy.store.claims import RetryClaims
 from proxy.store.database import (
     create_engine,
@@ -69,58 +69,6 @@ class ObservedApp(FastAPI):
         return RequestIdMiddleware(super().build_middleware_stack())
 
 
-def build_engine(settings: Settings) -> Engine:
-    if settings.engine == "local":
-        from proxy.engines.local import LocalEngine
-
-        assert settings.model is not None
-        return LocalEngine(settings.model, default_max_new_tokens=settings.local_max_new_tokens)
-    if settings.engine == "vllm":
-        from proxy.engines.vllm import VLLMEngine
-
-        return VLLMEngine(
-            settings.engine_url,
-            timeout_s=settings.engine_timeout_s,
-            declared_logprobs_mode=settings.vllm_logprobs_mode,
-            api_key=settings.engine_api_key.get_secret_value() if settings.engine_api_key else None,
-        )
-    from proxy.engines.sglang import SGLangEngine
-
-    return SGLangEngine(settings.engine_url, timeout_s=settings.engine_timeout_s)
-
-
-async def check_engine(settings: Settings, inference: Engine) -> Engine:
-    """At start: the engine URL must speak the configured engine's protocol (else EngineMismatch, which
-    stops the start); a vLLM server is probed for its route and logprobs mode, with a loud warning when
-    its logprobs are not the sampled distribution. An engine not up yet is checked when it answers
-    (the engine returned is then wrapped in a ProtocolGuard)."""
-    from proxy.engines.detect import ProtocolGuard, check_identity, identify
-    from proxy.engines.vllm import VLLMEngine
-
-    key = settings.engine_api_key.get_secret_value() if settings.engine_api_key else None
-    identity = await identify(settings.engine_url, api_key=key)
-    try:
-        check_identity(settings.engine, settings.engine_url, identity)
-        if identity.kind == "unreachable":
-            log.warning(
-                "the engine at %s does not answer yet; its protocol is checked when it does",
-                settings.engine_url,
-            )
-            return ProtocolGuard(inference, settings.engine, settings.engine_url, api_key=key)
-        log.info("the engine at %s speaks %s", settings.engine_url, identity.describe())
-        if isinstance(inference, VLLMEngine):
-            probe = await inference.start()
-            log.info("vLLM: %s", probe.report())
-            if probe.warning():
-                log.warning("%s\n%s\n%s", "!" * 72, probe.warning(), "!" * 72)
-    except EngineMismatch as exc:
-        log.error("tito-proxy cannot start: %s", exc.message)
-        raise
-    except EngineUnavailable as exc:
-        log.warning("the engine is not ready (%s); it is probed again on first use", exc.message)
-    return inference
-
-
 def _named_model(reported: str) -> str | None:
     """The engine's name for its model (SGLang's --served-model-name, vLLM's model id), unless it is
     a path or unknown: then the proxy's own (a hub id, or the tokenizer directory's name) is used."""
@@ -135,20 +83,18 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         native_memory.fix_mmap_threshold()
-        inference = engine or build_engine(settings)
-        if engine is None and settings.engine != "local":
-            try:
-                inference = await check_engine(settings, inference)
-            except BaseException:
-                await inference.aclose()
-                raise
+        pool = await open_pool(settings, engine)
         await upgrade_to_head(settings.db)
         db_engine = create_engine(settings.db)
+        pool.store = DatabaseAffinity(session_factory(db_engine))
+        pool.registry = DatabaseRegistry(session_factory(db_engine))
+        await pool.reconcile()  # engines added or removed at run time, before a restart too
+        pool.start()
         renderer = Renderer(load_tokenizer_files(settings.tokenizer_dir))
         # Every engine answer passes the checks before it is recorded or streamed; every engine call
         # passes the trainer's pause gate, and aborted generations are continued.
         inference = ResumingEngine(
-            CheckedEngine(inference, vocab_size=renderer.vocab_size),
+            CheckedEngine(pool, vocab_size=renderer.vocab_size),
             PauseGate(settings.pause_mode, settings.pause_max_wait_s, settings.retry_after_s),
             restart_wait_s=settings.engine_restart_wait_s,
         )
@@ -199,6 +145,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             context_length=context_length,
             tool_parser=parser_report,
             retries=RetryGuard(claims=RetryClaims(db_sessions) if settings.workers > 1 else None),
+            pool=pool,
         )
         app.state.proxy.turns.metrics = metrics
         async with db_sessions() as db:
@@ -234,7 +181,14 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     for surface in (models.router, chat.router, completions.router, responses.router, anthropic.router):
         app.include_router(surface, dependencies=harness)
         app.include_router(surface, prefix="/sessions/{session_id}", dependencies=harness)
-    for recorded in (sessions.router, export.router, admin.router, weight_sync.router, metrics_route.router):
+    for recorded in (
+        sessions.router,
+        export.router,
+        admin.router,
+        engines.router,
+        weight_sync.router,
+        metrics_route.router,
+    ):
         app.include_router(recorded, dependencies=[Depends(require_admin_key)])
     app.include_router(health.router)
     app.include_router(ui.page_router)

@@ -15,6 +15,7 @@ from proxy.chat.renderer import Renderer
 from proxy.chat.token_pieces import TokenPieces
 from proxy.config import Settings
 from proxy.engines.base import Engine
+from proxy.engines.pool import EnginePool
 from proxy.turns import TurnRunner
 
 
@@ -30,6 +31,8 @@ class AppState:
     context_length: int | None
     retries: RetryGuard = field(default_factory=RetryGuard)
     tool_parser: ToolParserReport | None = None  # which parser reads the template's calls
+    # The engines behind `engine` (GET/POST/DELETE /admin/engines).
+    pool: EnginePool | None = None
     # When this process started serving (Unix seconds, UTC): /v1/models' `created`.
     started_at: int = field(default_factory=lambda: int(time.time()))
 

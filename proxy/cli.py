@@ -23,7 +23,15 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument(
         "--engine", choices=["sglang", "vllm", "local"], help="inference engine (default sglang)"
     )
-    serve.add_argument("--engine-url", help="SGLang or vLLM base URL (default http://127.0.0.1:30000)")
+    serve.add_argument(
+        "--engine-url",
+        action="append",
+        help="SGLang or vLLM base URL (default http://127.0.0.1:30000); repeat it, or separate URLs by "
+        "commas, for several engines of one model; also TITO_ENGINE_URL",
+    )
+    serve.add_argument(
+        "--engine-health-interval-s", type=float, help="seconds between engine health checks (default 5)"
+    )
     serve.add_argument("--engine-api-key", help="vLLM's --api-key; also TITO_ENGINE_API_KEY")
     serve.add_argument(
         "--vllm-logprobs-mode",
@@ -136,6 +144,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
     fields = (
         "engine",
         "engine_url",
+        "engine_health_interval_s",
         "engine_timeout_s",
         "engine_api_key",
         "vllm_logprobs_mode",

@@ -6,7 +6,7 @@ import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from proxy.model_source import ModelSource, resolve
@@ -21,7 +21,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TITO_", extra="forbid")
 
     engine: EngineKind = "sglang"
+    # One engine URL, or several separated by commas (TITO_ENGINE_URL=http://a:30000,http://b:30000).
     engine_url: str = "http://127.0.0.1:30000"
+    # How often every engine's health is checked; a failing engine gets no new turns and its sessions
+    # move to a healthy one on their next turn.
+    engine_health_interval_s: float = Field(default=5.0, gt=0)
     engine_timeout_s: float = Field(default=600.0, gt=0)
     # vLLM's --api-key, sent as a Bearer token to the engine (vLLM guards its /v1 and /inference routes).
     engine_api_key: SecretStr | None = None
@@ -94,6 +98,30 @@ class Settings(BaseSettings):
     reasoning_secret: SecretStr | None = None
     # Processes serving one port (uvicorn workers); they share only the database.
     workers: int = Field(default=1, ge=1, le=64)
+
+    @field_validator("engine_url", mode="before")
+    @classmethod
+    def _engine_url_list(cls, value: object) -> object:
+        # A list (repeated --engine-url flags, or Settings(engine_url=[...])) is held as one string.
+        if isinstance(value, list | tuple):
+            return ",".join(str(url) for url in value)
+        return value
+
+    @model_validator(mode="after")
+    def _engine_urls(self) -> Settings:
+        urls = self.engine_urls
+        if not urls:
+            raise ValueError("--engine-url names no engine")
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"--engine-url names an engine twice: {', '.join(urls)}")
+        if self.engine == "local" and len(urls) > 1:
+            raise ValueError("the local engine runs in this process: it takes no --engine-url list")
+        return self
+
+    @property
+    def engine_urls(self) -> list[str]:
+        """Every engine URL given, in order (their ids are engine-0, engine-1...)."""
+        return [url.strip().rstrip("/") for url in self.engine_url.split(",") if url.strip()]
 
     @model_validator(mode="after")
     def _tokenizer_source(self) -> Settings:

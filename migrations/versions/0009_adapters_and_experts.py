@@ -2,7 +2,7 @@
 routed to (both nullable: the base weights, or no routing asked for).
 
 Revision ID: 0009_adapters_and_experts
-Revises: 0007_call_ids_never_reused
+Revises: 0008_engine_affinity
 Create Date: 2026-11-24 00:30:00
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0009_adapters_and_experts"
-down_revision: str | None = "0007_call_ids_never_reused"
+down_revision: str | None = "0008_engine_affinity"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

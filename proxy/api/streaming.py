@@ -266,7 +266,8 @@ async def open_streams(
     try:
         for _ in range(count):
             request_id = uuid.uuid4().hex  # fixed length: SGLang aborts by rid prefix
-            opened.append((request_id, await engine.stream(turn.plan.prompt, turn.params, request_id)))
+            chunks = await engine.stream(turn.plan.prompt, turn.params, request_id, affinity=turn.session_id)
+            opened.append((request_id, chunks))
         firsts = [asyncio.ensure_future(chunks.__anext__()) for _, chunks in opened]
         await asyncio.wait(firsts, timeout=admission_wait_s, return_when=asyncio.FIRST_EXCEPTION)
         for first in firsts:

@@ -27,9 +27,21 @@ def _engine(state: AppState) -> ResumingEngine:
     return state.engine
 
 
-def _state(engine: ResumingEngine) -> dict[str, Any]:
+def _state(state: AppState, engine: ResumingEngine) -> dict[str, Any]:
     gate = engine.gate.state()
-    return {**gate, "engines": [{"name": engine.name, "in_flight": gate["in_flight"]}]}
+    if state.pool is None or len(state.pool.members) == 1:  # one engine: the shape it always had
+        return {**gate, "engines": [{"name": engine.name, "in_flight": gate["in_flight"]}]}
+    engines = [
+        {
+            "name": engine.name,
+            "id": m["id"],
+            "url": m["url"],
+            "healthy": m["healthy"],
+            "in_flight": m["in_flight"],
+        }
+        for m in state.pool.engines_report()
+    ]
+    return {**gate, "engines": engines}
 
 
 @router.post("/pause")
@@ -38,7 +50,7 @@ async def pause(state: StateDep, body: PauseRequest | None = None) -> dict[str, 
     engine.gate.pause()
     if body is not None and body.abort_in_flight:
         await engine.abort_in_flight()
-    return _state(engine)
+    return _state(state, engine)
 
 
 @router.post("/resume")
@@ -46,9 +58,9 @@ async def resume(state: StateDep) -> dict[str, Any]:
     engine = _engine(state)
     await engine.refresh_version()  # the version the trainer just loaded, before anything samples
     engine.gate.resume()
-    return _state(engine)
+    return _state(state, engine)
 
 
 @router.get("/state")
 async def pause_state(state: StateDep) -> dict[str, Any]:
-    return _state(_engine(state))
+    return _state(state, _engine(state))

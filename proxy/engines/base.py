@@ -152,13 +152,20 @@ class Engine(Protocol):
     limits: ContextLimits
 
     async def generate(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str | None = None
+        self,
+        input_ids: PromptIds,
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        affinity: str | None = None,
     ) -> Generation:
-        """Sample a whole turn; `request_id` is what abort() names it by (made up when None)."""
+        """Sample a whole turn; `request_id` is what abort() names it by (made up when None).
+        `affinity` (a session id) names calls that should reach the same engine or router worker,
+        whose prefix cache holds their shared prefix; an engine alone may ignore it."""
         ...
 
     async def stream(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str, *, affinity: str | None = None
     ) -> AsyncIterator[StreamChunk]:
         """Sample incrementally. Raises EngineError subclasses before the first chunk if refused."""
         ...

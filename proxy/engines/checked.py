@@ -107,15 +107,20 @@ class CheckedEngine:
         return getattr(self.inner, attribute)  # an engine's extras: report, honours_seed, wire_sampling...
 
     async def generate(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str | None = None
+        self,
+        input_ids: PromptIds,
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        affinity: str | None = None,
     ) -> Generation:
-        generation = await self.inner.generate(input_ids, params, request_id)
+        generation = await self.inner.generate(input_ids, params, request_id, affinity=affinity)
         return check_generation(generation, vocab_size=self.vocab_size, top_wanted=params.top_logprobs > 0)
 
     async def stream(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str, *, affinity: str | None = None
     ) -> AsyncIterator[StreamChunk]:
-        chunks = await self.inner.stream(input_ids, params, request_id)
+        chunks = await self.inner.stream(input_ids, params, request_id, affinity=affinity)
         return self._checked(chunks, top_wanted=params.top_logprobs > 0)
 
     async def _checked(

@@ -5,7 +5,8 @@ from SGLang"): `/v1/models` cards are `owned_by` "sglang" or "vllm"; SGLang serv
 (`/get_model_info` before, and behind sglang-router) with a `model_path`; a POST-only route answers
 a GET with 405 where it exists and 404 where it does not, so `GET /generate` tells SGLang's native
 route and `GET /inference/v1/generate` vLLM's token route (0.11.1+); `/version` answers
-`{"version": ...}` on vLLM.
+`{"version": ...}` on vLLM. An SGLang URL whose GET /workers or /list_workers lists workers is an
+sglang-router (proxy/engines/router.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
+from proxy.engines import router
 from proxy.engines.base import (
     ContextLimits,
     EngineInfo,
@@ -36,6 +38,8 @@ _QUICK = aiohttp.ClientTimeout(total=5.0)
 class Identity:
     kind: Kind
     evidence: list[str] = field(default_factory=list)
+    # An sglang-router in front of workers (its GET /workers or /list_workers lists them).
+    router: bool = False
 
     def describe(self) -> str:
         return f"{self.kind} ({'; '.join(self.evidence) or 'no evidence'})"
@@ -65,6 +69,8 @@ async def identify(base_url: str, *, api_key: str | None = None) -> Identity:
         "/generate",
         "/inference/v1/generate",
         "/version",
+        "/workers",
+        "/list_workers",
     )
     async with aiohttp.ClientSession(headers=headers) as session:
         answers = dict(
@@ -90,8 +96,13 @@ async def identify(base_url: str, *, api_key: str | None = None) -> Identity:
     status, body = answers["/version"]
     if status == 200 and isinstance(body, dict) and isinstance(body.get("version"), str) and not sglang:
         vllm.append(f"/version is {body['version']}")
+    routed = [
+        f"GET {path} lists workers"
+        for path in ("/workers", "/list_workers")
+        if answers[path][0] == 200 and router.worker_urls(path, answers[path][1])
+    ]
     if sglang and not vllm:
-        return Identity("sglang", sglang)
+        return Identity("sglang", [*sglang, *routed], router=bool(routed))
     if vllm and not sglang:
         return Identity("vllm", vllm)
     seen = [f"GET {path}: HTTP {status}" for path, (status, _) in answers.items() if status]
@@ -149,19 +160,28 @@ class ProtocolGuard:
             identity = await identify(self._url, api_key=self._api_key)
             check_identity(self._configured, self._url, identity)
             self._verified = identity.kind != "unreachable"
+            if identity.router and hasattr(self.inner, "router"):
+                self.inner.router = True  # an sglang-router that came up after the proxy
 
     async def generate(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str | None = None
+        self,
+        input_ids: PromptIds,
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        affinity: str | None = None,
     ) -> Generation:
         await self._verify()
-        result: Generation = await self.inner.generate(input_ids, params, request_id)
+        result: Generation = await self.inner.generate(input_ids, params, request_id, affinity=affinity)
         return result
 
     async def stream(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str, *, affinity: str | None = None
     ) -> AsyncIterator[StreamChunk]:
         await self._verify()
-        chunks: AsyncIterator[StreamChunk] = await self.inner.stream(input_ids, params, request_id)
+        chunks: AsyncIterator[StreamChunk] = await self.inner.stream(
+            input_ids, params, request_id, affinity=affinity
+        )
         return chunks
 
     async def abort(self, request_id: str) -> None:

@@ -84,7 +84,12 @@ class LocalEngine:
         return input_ids
 
     async def generate(
-        self, prompt: PromptIds, params: SamplingParams, request_id: str | None = None
+        self,
+        prompt: PromptIds,
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        affinity: str | None = None,
     ) -> Generation:
         _refuse_unsupported(params)
         cancel = threading.Event()
@@ -247,7 +252,7 @@ class LocalEngine:
         return tokenizer
 
     async def stream(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str, *, affinity: str | None = None
     ) -> AsyncIterator[StreamChunk]:
         _refuse_unsupported(params)
         return self._chunks(self._prompt(input_ids), params, request_id)

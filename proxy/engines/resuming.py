@@ -50,6 +50,9 @@ class _Held:
     # Routed experts over the attempts so far; None once an attempt ended without them.
     experts: RoutedExperts | None = None
     experts_lost: bool = False
+    # The session every attempt is sent for: with several engines, a continuation goes where the
+    # session lives (or, once that engine is lost, where it moved).
+    affinity: str | None = None
 
     def add(self, ids: list[int], logprobs: list[float], top: list[TopLogprobs] | None) -> None:
         self.ids.extend(ids)
@@ -160,27 +163,33 @@ class ResumingEngine:
         )
 
     async def generate(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str | None = None
+        self,
+        input_ids: PromptIds,
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        affinity: str | None = None,
     ) -> Generation:
         await self.gate.admit()
         rid = request_id or uuid.uuid4().hex
         self.gate.in_flight += 1
         self._current[rid] = rid
         try:
-            return await self._generate(input_ids, params, rid)
+            return await self._generate(input_ids, params, rid, _Held(affinity=affinity))
         finally:
             self.gate.in_flight -= 1
             self._current.pop(rid, None)
             self._abandoned.discard(rid)
 
-    async def _generate(self, prompt: PromptIds, params: SamplingParams, request_id: str) -> Generation:
-        held = _Held()
+    async def _generate(
+        self, prompt: PromptIds, params: SamplingParams, request_id: str, held: _Held
+    ) -> Generation:
         attempt = request_id
         while True:
             ids, continued = _continued(prompt, params, held) if held.resumed else (prompt, params)
             pauses = self.gate.pauses
             try:
-                generation = await self.inner.generate(ids, continued, attempt)
+                generation = await self.inner.generate(ids, continued, attempt, affinity=held.affinity)
             except EngineError as exc:
                 if request_id in self._abandoned or not self._may_retry(held, exc):
                     raise
@@ -214,10 +223,10 @@ class ResumingEngine:
             self._current[request_id] = attempt
 
     async def stream(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str, *, affinity: str | None = None
     ) -> AsyncIterator[StreamChunk]:
         await self.gate.admit()
-        held = _Held()
+        held = _Held(affinity=affinity)
         chunks = await self._open(input_ids, params, request_id, held)
         self.gate.in_flight += 1
         self._current[request_id] = request_id
@@ -230,7 +239,7 @@ class ResumingEngine:
         while True:
             ids, continued = _continued(prompt, params, held) if held.ids else (prompt, params)
             try:
-                return await self.inner.stream(ids, continued, attempt)
+                return await self.inner.stream(ids, continued, attempt, affinity=held.affinity)
             except EngineError as exc:
                 if not self._may_retry(held, exc):
                     raise

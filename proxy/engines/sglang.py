@@ -12,6 +12,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from proxy.engines import router as sglang_router
 from proxy.engines.base import (
     ContextLimits,
     EngineInfo,
@@ -198,8 +199,10 @@ class SGLangEngine:
     limits = SGLANG_LIMITS
     supports_routed_experts = True  # with --enable-return-routed-experts on the server
 
-    def __init__(self, base_url: str, *, timeout_s: float) -> None:
+    def __init__(self, base_url: str, *, timeout_s: float, router: bool = False) -> None:
         self._base_url = base_url.rstrip("/")
+        # Behind sglang-router: calls carry the session's routing key, aborts reach every worker.
+        self.router = router
         # A generation may take long; what must not is the wait for its next bytes.
         self._timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=timeout_s)
         self._client: aiohttp.ClientSession | None = None
@@ -214,14 +217,15 @@ class SGLangEngine:
             self._client = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self._client
 
-    async def _send(self, path: str, payload: dict[str, Any]) -> aiohttp.ClientResponse:
+    async def _send(
+        self, path: str, payload: dict[str, Any], affinity: str | None = None
+    ) -> aiohttp.ClientResponse:
         """POST the payload; the response is open, its body unread."""
+        headers = {"content-type": "application/json"}
+        if self.router and affinity is not None:
+            headers.update(sglang_router.routing_headers(affinity))
         try:
-            return await self._session().post(
-                self._url(path),
-                data=_json(payload),
-                headers={"content-type": "application/json"},
-            )
+            return await self._session().post(self._url(path), data=_json(payload), headers=headers)
         except TimeoutError as exc:
             raise EngineTimeout(f"the engine did not answer {path} in time") from exc
         except aiohttp.ClientError as exc:
@@ -239,10 +243,15 @@ class SGLangEngine:
         raise _adapter_refusal(refusal(response.status, _error_message(response.status, content)), params)
 
     async def generate(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str | None = None
+        self,
+        input_ids: PromptIds,
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        affinity: str | None = None,
     ) -> Generation:
         payload = _request_payload(input_ids, params, request_id or uuid.uuid4().hex, stream=False)
-        response = await self._send("/generate", payload)
+        response = await self._send("/generate", payload, affinity)
         await self._raise_for_status(response, params)
         try:
             content = await response.read()
@@ -271,10 +280,10 @@ class SGLangEngine:
             raise _adapter_refusal(exc, params) from exc
 
     async def stream(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str, *, affinity: str | None = None
     ) -> AsyncIterator[StreamChunk]:
         payload = _request_payload(input_ids, params, request_id, stream=True)
-        response = await self._send("/generate", payload)
+        response = await self._send("/generate", payload, affinity)
         await self._raise_for_status(response, params)
         if not response.headers.get("content-type", "").startswith("text/event-stream"):
             response.close()
@@ -329,26 +338,32 @@ class SGLangEngine:
 
     async def abort(self, request_id: str) -> None:
         # Best effort: the request also ends when its connection closes.
-        with contextlib.suppress(TimeoutError, aiohttp.ClientError):
-            async with self._session().post(
-                self._url("/abort_request"),
-                data=orjson.dumps({"rid": request_id, "abort_all": False}),
-                headers={"content-type": "application/json"},
-                timeout=aiohttp.ClientTimeout(total=5.0),
-            ) as response:
-                await response.read()
+        await self._abort({"rid": request_id, "abort_all": False})
 
     async def abort_all(self) -> None:
         """Abort every request on the server (a trainer's pause with abort): each ends "abort" with the
         tokens it has, which the resuming wrapper continues after the pause."""
+        await self._abort({"rid": "", "abort_all": True})
+
+    async def _abort(self, body: dict[str, Any]) -> None:
+        status = await self._post_abort(self._url("/abort_request"), body)
+        if self.router and status == 404:
+            # A router without the route (sgl-model-gateway up to its abort fan-out): the proxy sends
+            # the abort to every worker itself; rids are unique, so only the one running it acts.
+            await sglang_router.abort_on_workers(self._session(), self._base_url, body)
+
+    async def _post_abort(self, url: URL, body: dict[str, Any]) -> int:
+        """The status of one /abort_request; 0 when nothing answered."""
         with contextlib.suppress(TimeoutError, aiohttp.ClientError):
             async with self._session().post(
-                self._url("/abort_request"),
-                data=orjson.dumps({"rid": "", "abort_all": True}),
+                url,
+                data=orjson.dumps(body),
                 headers={"content-type": "application/json"},
                 timeout=aiohttp.ClientTimeout(total=5.0),
             ) as response:
                 await response.read()
+                return response.status
+        return 0
 
     async def _get_json(self, path: str) -> Any | None:
         """The JSON body of a GET, or None when the route answers anything but 200."""

@@ -282,7 +282,12 @@ class VLLMEngine:
         return meta
 
     async def generate(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str | None = None
+        self,
+        input_ids: PromptIds,
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        affinity: str | None = None,
     ) -> Generation:
         rid = request_id or uuid.uuid4().hex
         engine_id = _engine_id(self.probe.route if self.probe else "generate", rid)
@@ -314,7 +319,7 @@ class VLLMEngine:
         return self._generation(probe, parsed, params, rid, _routed_experts(choice, params, end))
 
     async def stream(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str, *, affinity: str | None = None
     ) -> AsyncIterator[StreamChunk]:
         probe, response = await self._open(input_ids, params, request_id, stream=True)
         self._running.add(_engine_id(probe.route, request_id))

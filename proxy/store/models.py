@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -128,3 +128,25 @@ class RetryClaimRow(Base):
     name: Mapped[str] = mapped_column(String(300), primary_key=True)
     owner: Mapped[str] = mapped_column(String(64))
     claimed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class EngineAffinityRow(Base):
+    """The engine a session's turns go to, shared by every worker process (proxy/engines/pool.py)."""
+
+    __tablename__ = "engine_affinity"
+
+    session_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    engine_id: Mapped[str] = mapped_column(String(64))
+    assigned_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class RegisteredEngineRow(Base):
+    """An engine added (POST /admin/engines) or removed (DELETE) at run time: every worker process
+    follows these rows, and they hold across restarts."""
+
+    __tablename__ = "registered_engines"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    removed: Mapped[bool] = mapped_column(Boolean)
+    changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

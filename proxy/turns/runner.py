@@ -128,7 +128,12 @@ class TurnRunner:
             raise ClientClosedRequest("the client left before its turn was sampled")
         request_ids = [uuid.uuid4().hex for _ in range(request.choices)]  # fixed length: see sglang.py
         sampling: asyncio.Future[list[Generation]] = asyncio.ensure_future(
-            asyncio.gather(*(self.engine.generate(turn.plan.prompt, turn.params, rid) for rid in request_ids))
+            asyncio.gather(
+                *(
+                    self.engine.generate(turn.plan.prompt, turn.params, rid, affinity=session_id)
+                    for rid in request_ids
+                )
+            )
         )
         watching: asyncio.Future[Any] = asyncio.ensure_future(gone.wait())
         try:

@@ -13,8 +13,9 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
-from proxy.app import build_engine, check_engine, create_app
+from proxy.app import create_app
 from proxy.config import Settings
+from proxy.engines.setup import build_engine, check_engine
 from proxy.errors import EngineMismatch
 from tests.fakes.vllm import FakeVLLM
 from tests.invariants import assert_invariants

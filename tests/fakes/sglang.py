@@ -109,6 +109,7 @@ class FakeSGLang:
     # (layers, top_k) of a MoE model served with --enable-return-routed-experts; None: served without.
     routed_experts_shape: tuple[int, int] | None = None
     num_experts: int = 300  # past 255: the proxy's compact storage must widen to uint16
+    healthy: bool = True  # False: /health and /ready answer 503 (a server going down)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # Plain requests under way, by rid: /abort_request ends their hang with an abort, as SGLang does.
     _hanging: dict[str, asyncio.Event] = field(default_factory=dict)
@@ -448,7 +449,7 @@ class FakeSGLang:
         return JSONResponse({"model_path": self.model_name, "weight_version": self.weight_version})
 
     async def health(self, _: Request) -> JSONResponse:
-        return JSONResponse({})
+        return JSONResponse({}, status_code=200 if self.healthy else 503)
 
     async def abort(self, request: Request) -> JSONResponse:
         body = await request.json()

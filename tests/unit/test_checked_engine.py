@@ -41,13 +41,18 @@ class ScriptedEngine:
         self.closed = False
 
     async def generate(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str | None = None
+        self,
+        input_ids: PromptIds,
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        affinity: str | None = None,
     ) -> Generation:
         assert self.answer is not None
         return self.answer
 
     async def stream(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str, *, affinity: str | None = None
     ) -> AsyncIterator[StreamChunk]:
         return self._chunks()
 

@@ -35,13 +35,18 @@ class ScriptedEngine:
         self.prompts: list[list[int]] = []
 
     async def generate(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str | None = None
+        self,
+        input_ids: PromptIds,
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        affinity: str | None = None,
     ) -> Generation:
         self.prompts.append([int(t) for t in input_ids])
         return self.answers.pop(0)
 
     async def stream(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str
+        self, input_ids: PromptIds, params: SamplingParams, request_id: str, *, affinity: str | None = None
     ) -> AsyncIterator[StreamChunk]:
         answer = await self.generate(input_ids, params)
 
@@ -119,7 +124,12 @@ class HeldEngine(ScriptedEngine):
         self.started = asyncio.Event()
 
     async def generate(
-        self, input_ids: PromptIds, params: SamplingParams, request_id: str | None = None
+        self,
+        input_ids: PromptIds,
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        affinity: str | None = None,
     ) -> Generation:
         self.prompts.append([int(t) for t in input_ids])
         self.started.set()
