@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,11 +19,13 @@ from proxy.app_state import AppState
 from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
 from proxy.export.branches import BranchFilter
 from proxy.export.formats import jsonl, metadata_type, parquet_stream, require_pyarrow
+from proxy.export.rows import merged_rows_of, stepwise_rows_of
 from proxy.export.samples import merged_rows, stepwise_rows
+from proxy.export.summaries import Summary, fresh_summaries, leaves
 from proxy.observe.export_tally import ExportTally
 from proxy.store.models import CallRow, FinishedRow, SessionRow
-from proxy.store.repository import Repository, utcnow
-from proxy.store.selection import ExportStatus, Selection, Snapshot, selected_pages, take_snapshot
+from proxy.store.repository import Repository, TokenCall, utcnow
+from proxy.store.selection import ExportStatus, Page, Selection, Snapshot, selected_pages, take_snapshot
 from proxy.weight_versions import at_least
 
 router = APIRouter(tags=["export"])
@@ -57,6 +60,37 @@ def session_rows(
     return stepwise_rows(session, calls, branches)
 
 
+def _stored(blobs: dict[int, bytes], calls: dict[int, TokenCall]) -> dict[int, Summary] | None:
+    """The stored summaries of every branch of these calls, or None when one is missing."""
+    wanted = leaves(calls)
+    if not wanted <= blobs.keys():
+        return None
+    return {leaf: orjson.loads(blobs[leaf]) for leaf in wanted}
+
+
+async def _page_rows(
+    state: AppState, page: Page, rows: RowFilter
+) -> list[tuple[int | None, SessionRow, list[dict[str, Any]]]]:
+    """The page's rows from stored summaries and token blobs (two queries); a session without
+    summaries gets them made now."""
+    ids = [session.id for _, session in page]
+    drift_mode = state.settings.drift_report
+    async with state.db_sessions() as db:
+        repo = Repository(db)
+        calls = await repo.token_calls(ids)
+        stored = await repo.segment_summaries(ids, drift_mode)
+    build = merged_rows_of if rows.mode == "merged" else stepwise_rows_of
+    built = []
+    for seq, session in page:
+        session_calls, summaries = calls[session.id], _stored(stored[session.id], calls[session.id])
+        if summaries is None:
+            # Step-wise rows carry no drift report: an active session's (never stored) needs no render.
+            renderer = state.renderer if rows.mode == "merged" or session.status == "finished" else None
+            session_calls, summaries = await fresh_summaries(state.db_sessions, session, renderer, drift_mode)
+        built.append((seq, session, build(session, summaries, session_calls, rows.branches)))
+    return built
+
+
 def _fresh(rows: list[dict[str, Any]], minimum: str | None) -> bool:
     """Every exported call of these rows was sampled with weights at `minimum` or newer."""
     if minimum is None:
@@ -80,26 +114,20 @@ def _units(
 async def export_pages(
     state: AppState, selection: Selection, snapshot: Snapshot, rows: RowFilter
 ) -> AsyncIterator[list[dict[str, Any]]]:
-    """Rows page by page; each page holds PAGE_SESSIONS sessions (or groups), so memory stays bounded."""
+    """Rows a session (or a whole group) at a time; pages of PAGE_SESSIONS sessions are read at once,
+    so memory stays bounded by a page's token blobs."""
     delivered = 0
     async for page in selected_pages(state.db_sessions, selection, snapshot, PAGE_SESSIONS):
-        async with state.db_sessions() as db:
-            repo = Repository(db)
-            loaded = [(seq, session, await repo.session_calls(session.id)) for seq, session in page]
-        built = [
-            (seq, session, session_rows(state, session, calls, rows.mode, rows.branches))
-            for seq, session, calls in loaded
-        ]
-        out: list[dict[str, Any]] = []
+        built = await _page_rows(state, page, rows)
         for unit in _units(built, rows.whole_groups):
             if rows.limit is not None and delivered >= rows.limit:
-                break
+                return
             if not all(_fresh(made, rows.min_weight_version) for _, _, made in unit):
                 continue
             delivered += 1
-            out.extend({"cursor": seq, **row} for seq, _, made in unit for row in made)
-        if out:
-            yield out
+            out = [{"cursor": seq, **row} for seq, _, made in unit for row in made]
+            if out:
+                yield out
         if rows.limit is not None and delivered >= rows.limit:
             return
 

@@ -1,0 +1,169 @@
+"""Token columns of export rows kept as the stored int32/float32 blobs they are made of, written as
+JSON text or Arrow values without a Python object per token. Each blob is encoded once per batch of
+rows, so a step-wise prompt (every earlier step again) costs a copy of text, not a new encoding."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+# A stored blob and a key naming it within one batch (call id * 2, + 1 for the call's output).
+Piece = tuple[int, bytes]
+_IDS = np.dtype("<i4")
+_LOGPROBS = np.dtype("<f4")
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+
+
+class Encoder:
+    """JSON text of each blob (without brackets), made once per batch."""
+
+    def __init__(self) -> None:
+        self._ids: dict[int, bytes] = {}
+        self._logprobs: dict[int, bytes] = {}
+
+    def ids(self, piece: Piece) -> bytes:
+        key, blob = piece
+        text = self._ids.get(key)
+        if text is None:
+            text = self._ids[key] = orjson.dumps(np.frombuffer(blob, dtype=_IDS), option=_NUMPY)[1:-1]
+        return text
+
+    def logprobs(self, piece: Piece) -> bytes:
+        key, blob = piece
+        text = self._logprobs.get(key)
+        if text is None:
+            # As float64, the way they always were exported: the float32 value, printed exactly.
+            values = np.frombuffer(blob, dtype=_LOGPROBS).astype(np.float64)
+            text = self._logprobs[key] = orjson.dumps(values, option=_NUMPY)[1:-1]
+        return text
+
+
+def _repeated(item: bytes, count: int) -> bytes:
+    """`count` times one JSON value followed by a comma, without the last comma."""
+    return (item * count)[:-1]
+
+
+def _joined(parts: list[bytes]) -> bytes:
+    return b"[" + b",".join(part for part in parts if part) + b"]"
+
+
+@dataclass(frozen=True)
+class Ids:
+    """Token ids: the concatenation of int32 blobs."""
+
+    pieces: tuple[Piece, ...]
+
+    def __len__(self) -> int:
+        return sum(len(blob) for _, blob in self.pieces) // _IDS.itemsize
+
+    def json(self, encoder: Encoder) -> bytes:
+        return _joined([encoder.ids(piece) for piece in self.pieces if piece[1]])
+
+    def array(self) -> npt.NDArray[np.int32]:
+        return np.frombuffer(b"".join(blob for _, blob in self.pieces), dtype=_IDS)
+
+    def values(self) -> list[int]:
+        values: list[int] = self.array().tolist()
+        return values
+
+
+@dataclass(frozen=True)
+class Mask:
+    """A loss mask as runs of (value, length)."""
+
+    runs: tuple[tuple[int, int], ...]
+
+    def json(self, encoder: Encoder) -> bytes:
+        return _joined([_repeated(b"1," if v else b"0,", n) for v, n in self.runs])
+
+    def array(self) -> npt.NDArray[np.int8]:
+        return np.repeat(
+            np.array([v for v, _ in self.runs], dtype=np.int8), [n for _, n in self.runs]
+        ).astype(np.int8)
+
+    def values(self) -> list[int]:
+        return [v for v, n in self.runs for _ in range(n)]
+
+
+@dataclass(frozen=True)
+class Logprobs:
+    """Logprobs per response token: stored float32 blobs, and runs of 0.0 (an int: their length)."""
+
+    pieces: tuple[Piece | int, ...]
+
+    def json(self, encoder: Encoder) -> bytes:
+        return _joined(
+            [
+                _repeated(b"0.0,", piece) if isinstance(piece, int) else encoder.logprobs(piece)
+                for piece in self.pieces
+            ]
+        )
+
+    def array(self) -> npt.NDArray[np.float32]:
+        parts = [
+            np.zeros(piece, dtype=np.float32)
+            if isinstance(piece, int)
+            else np.frombuffer(piece[1], _LOGPROBS)
+            for piece in self.pieces
+        ]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+
+    def values(self) -> list[float]:
+        # float32 storage: the exported values are the float32 nearest the engine's number.
+        return [float(v) for v in self.array()]
+
+
+@dataclass(frozen=True)
+class TokenRewards:
+    """0.0 on every token of a step's response but the last, which carries the step's reward."""
+
+    length: int
+    reward: float
+
+    def json(self, encoder: Encoder) -> bytes:
+        return (
+            orjson.dumps(self.values())
+            if self.length < 2
+            else _joined([_repeated(b"0.0,", self.length - 1), orjson.dumps(self.reward)])
+        )
+
+    def array(self) -> npt.NDArray[np.float32]:
+        return np.asarray(self.values(), dtype=np.float32)
+
+    def values(self) -> list[float]:
+        values = [0.0] * self.length
+        if values:
+            values[-1] = self.reward
+        return values
+
+
+Column = Ids | Mask | Logprobs | TokenRewards
+COLUMN_TYPES = (Ids, Mask, Logprobs, TokenRewards)
+
+
+def as_json_row(row: dict[str, Any], encoder: Encoder) -> bytes:
+    """One JSON line; token columns go in as their ready text."""
+    return orjson.dumps(
+        {k: orjson.Fragment(v.json(encoder)) if isinstance(v, COLUMN_TYPES) else v for k, v in row.items()}
+    )
+
+
+def as_lists(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with its token columns as Python lists (the /samples route, merge_steps, tests)."""
+    return {k: v.values() if isinstance(v, COLUMN_TYPES) else v for k, v in row.items()}
+
+
+def list_values(columns: Sequence[Column], value_type: Any) -> tuple[npt.NDArray[np.int32], Any]:
+    """The offsets and the flat values of one list column over rows, as Arrow takes them."""
+    import pyarrow as pa
+
+    arrays = [column.array() for column in columns]
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
+    np.cumsum([len(a) for a in arrays], out=offsets[1:])
+    flat = np.concatenate(arrays) if arrays else np.zeros(0)
+    return offsets, pa.array(flat.astype(value_type.to_pandas_dtype(), copy=False), type=value_type)
