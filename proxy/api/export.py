@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,7 +20,7 @@ from proxy.export.branches import BranchFilter
 from proxy.export.formats import jsonl, metadata_type, parquet_stream, require_pyarrow
 from proxy.export.rows import merged_rows_of, stepwise_rows_of
 from proxy.export.samples import merged_rows, stepwise_rows
-from proxy.export.summaries import Summary, fresh_summaries, leaves
+from proxy.export.summaries import Summary, decode, fresh_summaries, leaves
 from proxy.observe.export_tally import ExportTally
 from proxy.store.models import CallRow, FinishedRow, SessionRow
 from proxy.store.repository import Repository, TokenCall, utcnow
@@ -65,7 +64,7 @@ def _stored(blobs: dict[int, bytes], calls: dict[int, TokenCall]) -> dict[int, S
     wanted = leaves(calls)
     if not wanted <= blobs.keys():
         return None
-    return {leaf: orjson.loads(blobs[leaf]) for leaf in wanted}
+    return {leaf: decode(blobs[leaf]) for leaf in wanted}
 
 
 async def _page_rows(

@@ -64,8 +64,11 @@ class Ids:
     def json(self, encoder: Encoder) -> bytes:
         return _joined([encoder.ids(piece) for piece in self.pieces if piece[1]])
 
+    def raw(self) -> bytes:
+        return b"".join(blob for _, blob in self.pieces)
+
     def array(self) -> npt.NDArray[np.int32]:
-        return np.frombuffer(b"".join(blob for _, blob in self.pieces), dtype=_IDS)
+        return np.frombuffer(self.raw(), dtype=_IDS)
 
     def values(self) -> list[int]:
         values: list[int] = self.array().tolist()
@@ -81,10 +84,11 @@ class Mask:
     def json(self, encoder: Encoder) -> bytes:
         return _joined([_repeated(b"1," if v else b"0,", n) for v, n in self.runs])
 
+    def raw(self) -> bytes:
+        return b"".join((b"\x01" if v else b"\x00") * n for v, n in self.runs)
+
     def array(self) -> npt.NDArray[np.int8]:
-        return np.repeat(
-            np.array([v for v, _ in self.runs], dtype=np.int8), [n for _, n in self.runs]
-        ).astype(np.int8)
+        return np.frombuffer(self.raw(), dtype=np.int8)
 
     def values(self) -> list[int]:
         return [v for v, n in self.runs for _ in range(n)]
@@ -104,14 +108,14 @@ class Logprobs:
             ]
         )
 
+    def raw(self) -> bytes:
+        # A run of 0.0 is that many all-zero float32s.
+        return b"".join(
+            b"\x00" * (_LOGPROBS.itemsize * p) if isinstance(p, int) else p[1] for p in self.pieces
+        )
+
     def array(self) -> npt.NDArray[np.float32]:
-        parts = [
-            np.zeros(piece, dtype=np.float32)
-            if isinstance(piece, int)
-            else np.frombuffer(piece[1], _LOGPROBS)
-            for piece in self.pieces
-        ]
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+        return np.frombuffer(self.raw(), dtype=_LOGPROBS)
 
     def values(self) -> list[float]:
         # float32 storage: the exported values are the float32 nearest the engine's number.
@@ -132,8 +136,12 @@ class TokenRewards:
             else _joined([_repeated(b"0.0,", self.length - 1), orjson.dumps(self.reward)])
         )
 
+    def raw(self) -> bytes:
+        with np.errstate(over="ignore"):  # a reward past float32's range is inf, as Arrow casts it
+            return np.asarray(self.values(), dtype=_LOGPROBS).tobytes()
+
     def array(self) -> npt.NDArray[np.float32]:
-        return np.asarray(self.values(), dtype=np.float32)
+        return np.frombuffer(self.raw(), dtype=_LOGPROBS)
 
     def values(self) -> list[float]:
         values = [0.0] * self.length
@@ -147,9 +155,10 @@ COLUMN_TYPES = (Ids, Mask, Logprobs, TokenRewards)
 
 
 def as_json_row(row: dict[str, Any], encoder: Encoder) -> bytes:
-    """One JSON line; token columns go in as their ready text."""
+    """One JSON line (with its newline); token columns go in as their ready text."""
     return orjson.dumps(
-        {k: orjson.Fragment(v.json(encoder)) if isinstance(v, COLUMN_TYPES) else v for k, v in row.items()}
+        {k: orjson.Fragment(v.json(encoder)) if isinstance(v, COLUMN_TYPES) else v for k, v in row.items()},
+        option=orjson.OPT_APPEND_NEWLINE,
     )
 
 
@@ -159,11 +168,12 @@ def as_lists(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def list_values(columns: Sequence[Column], value_type: Any) -> tuple[npt.NDArray[np.int32], Any]:
-    """The offsets and the flat values of one list column over rows, as Arrow takes them."""
+    """The offsets and the flat values of one list column over rows, as Arrow takes them: the
+    rows' buffers joined once (each column's raw bytes are already in the Arrow value type)."""
     import pyarrow as pa
 
-    arrays = [column.array() for column in columns]
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
-    np.cumsum([len(a) for a in arrays], out=offsets[1:])
-    flat = np.concatenate(arrays) if arrays else np.zeros(0)
-    return offsets, pa.array(flat.astype(value_type.to_pandas_dtype(), copy=False), type=value_type)
+    raws = [column.raw() for column in columns]
+    dtype = np.dtype(value_type.to_pandas_dtype())
+    offsets = np.zeros(len(raws) + 1, dtype=np.int32)
+    np.cumsum([len(raw) // dtype.itemsize for raw in raws], out=offsets[1:])
+    return offsets, pa.array(np.frombuffer(b"".join(raws), dtype=dtype), type=value_type)

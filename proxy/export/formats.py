@@ -15,6 +15,7 @@ EXPORT_FORMATS = ("jsonl", "parquet")
 # The fields of a boundary edit (proxy/turns/planning.py); every edit carries them all, null where
 # they do not apply.
 BOUNDARY_EDIT_FIELDS = ("kind", "position", "call_id", "token", "sampled", "rendered")
+TOKEN_COLUMNS = ("prompt_ids", "response_ids", "loss_mask", "rollout_logprobs", "token_rewards")
 # A Parquet row group is closed once it holds this many tokens (about 20 MB of Arrow buffers).
 ROW_GROUP_TOKENS = 2_000_000
 
@@ -51,7 +52,7 @@ def jsonl(rows: list[dict[str, Any]]) -> bytes:
     from proxy.export.columns import Encoder, as_json_row
 
     encoder = Encoder()
-    return b"".join(as_json_row(row, encoder) + b"\n" for row in rows)
+    return b"".join([as_json_row(row, encoder) for row in rows])
 
 
 def _boundary_edit_type() -> Any:
@@ -262,23 +263,29 @@ def require_pyarrow(fmt: str) -> None:
 
 
 async def parquet_stream(
-    mode: str, pages: AsyncIterator[list[dict[str, Any]]], meta: MetadataType
+    mode: str,
+    pages: AsyncIterator[list[dict[str, Any]]],
+    meta: MetadataType,
+    row_group_tokens: int = ROW_GROUP_TOKENS,
 ) -> AsyncIterator[bytes]:
     """Parquet with real nested columns (structs and lists, never JSON text but for a metadata key
     of mixed types); the metadata type is settled before the first row. Rows are written a row
-    group at a time, each closed once it holds ROW_GROUP_TOKENS tokens, so memory stays bounded
+    group at a time, each closed once it holds `row_group_tokens` tokens, so memory stays bounded
     whatever the number of rows."""
     import pyarrow.parquet as pq
 
     schema = _parquet_schema(mode, meta.arrow_type())
     sink = _Drain()
-    writer = pq.ParquetWriter(sink, schema)
+    # Dictionary pages and min/max statistics pay off for repeated strings, not for token columns
+    # (most of the bytes, and most of the time writing them).
+    others = [f.name for f in schema if f.name not in TOKEN_COLUMNS]
+    writer = pq.ParquetWriter(sink, schema, use_dictionary=others, write_statistics=others)
     held: list[dict[str, Any]] = []
     tokens = 0
     async for rows in pages:
         held += rows
         tokens += sum(_tokens(row) for row in rows)
-        if held and tokens >= ROW_GROUP_TOKENS:
+        if held and tokens >= row_group_tokens:
             writer.write_table(_table(held, schema, meta), row_group_size=len(held))
             held, tokens = [], 0
             yield sink.take()

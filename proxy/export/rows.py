@@ -7,7 +7,7 @@ from typing import Any
 
 from proxy.export.branches import BranchFilter, kept
 from proxy.export.columns import Ids, Logprobs, Mask, Piece, TokenRewards
-from proxy.export.summaries import Summary
+from proxy.export.summaries import Summary, default_spans
 from proxy.store.codec import id_count
 from proxy.store.models import SessionRow
 from proxy.store.repository import TokenCall
@@ -142,7 +142,8 @@ def stepwise_rows_of(
                 "token_rewards": TokenRewards(size, reward),
                 "finish_reason": summary["finish_reasons"][position],
                 "weight_version": summary["weight_versions"][position],
-                "weight_version_spans": summary["spans"][position],
+                "weight_version_spans": summary["spans"][position]
+                or default_spans(summary["weight_versions"][position], size),
                 "metadata": session.meta,
             }
         )

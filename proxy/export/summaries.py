@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import zlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -56,13 +57,30 @@ def _summary(path: list[CallRow], index: int, labels: dict[int, Any], drift: dic
         ],
         "drift": export_drift(drift),
         **versions([c.weight_version for c in path]),
-        "spans": [
-            version_spans(
-                (c.engine_meta or {}).get("weight_versions"), c.weight_version, id_count(c.output_ids)
-            )
-            for c in path
-        ],
+        # Per-token weight versions where the engine gave them (a resumed call), else null: one
+        # span of the call's version, made at export.
+        "spans": [_engine_spans(c) for c in path],
     }
+
+
+def _engine_spans(call: CallRow) -> list[dict[str, object]] | None:
+    size = id_count(call.output_ids)
+    spans = version_spans((call.engine_meta or {}).get("weight_versions"), call.weight_version, size)
+    return None if spans == default_spans(call.weight_version, size) else spans
+
+
+def default_spans(version: str | None, size: int) -> list[dict[str, object]]:
+    return version_spans(None, version, size)
+
+
+def encode(summary: Summary) -> bytes:
+    """A summary as stored: compressed JSON (drift reports repeat their kinds and texts)."""
+    return zlib.compress(orjson.dumps(summary))
+
+
+def decode(blob: bytes) -> Summary:
+    summary: Summary = orjson.loads(zlib.decompress(blob))
+    return summary
 
 
 def summarize(
@@ -110,7 +128,7 @@ async def fresh_summaries(
     if session.status == "finished":
         try:
             async with db_sessions() as db, db.begin():
-                blobs = {leaf: orjson.dumps(summary) for leaf, summary in summaries.items()}
+                blobs = {leaf: encode(summary) for leaf, summary in summaries.items()}
                 await Repository(db).add_segment_summaries(session.id, mode, blobs)
         except Exception:  # the rows are right without it; the next export tries again
             log.exception("storing the export summaries of session %s failed", session.id)

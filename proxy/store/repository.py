@@ -226,8 +226,10 @@ class Repository:
         """The completed calls of these sessions, by call id in recording order, in one query."""
         query = _TOKEN_CALLS.where(CallRow.session_id.in_(list(session_ids)), CallRow.status == "ok")
         calls: dict[str, dict[int, TokenCall]] = {session_id: {} for session_id in session_ids}
+        # Core, not the ORM: plain rows, no identity map, for the export's bulk of blobs.
+        connection = await self.db.connection()
         for session_id, call_id, parent_id, added, output, logprobs, reward in (
-            await self.db.execute(query)
+            await connection.execute(query)
         ).all():
             calls[session_id][call_id] = TokenCall(call_id, parent_id, added, output, logprobs, reward)
         return calls
