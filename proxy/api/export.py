@@ -3,7 +3,7 @@ one session's rows on their own."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -17,12 +17,12 @@ from proxy.api.schemas import MAX_DB_INTEGER, RowId
 from proxy.app_state import AppState
 from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
 from proxy.export.branches import BranchFilter
+from proxy.export.columns import as_lists
 from proxy.export.formats import jsonl, metadata_type, parquet_stream, require_pyarrow
 from proxy.export.rows import merged_rows_of, stepwise_rows_of
-from proxy.export.samples import merged_rows, stepwise_rows
 from proxy.export.summaries import Summary, decode, fresh_summaries, leaves
 from proxy.observe.export_tally import ExportTally
-from proxy.store.models import CallRow, FinishedRow, SessionRow
+from proxy.store.models import FinishedRow, SessionRow
 from proxy.store.repository import Repository, TokenCall, utcnow
 from proxy.store.selection import ExportStatus, Page, Selection, Snapshot, selected_pages, take_snapshot
 from proxy.weight_versions import at_least
@@ -49,14 +49,6 @@ class RowFilter:
     min_weight_version: str | None = None
     limit: int | None = None
     whole_groups: bool = False
-
-
-def session_rows(
-    state: AppState, session: SessionRow, calls: Sequence[CallRow], mode: Mode, branches: BranchFilter
-) -> list[dict[str, Any]]:
-    if mode == "merged":
-        return merged_rows(session, calls, state.renderer, state.settings.drift_report, branches)
-    return stepwise_rows(session, calls, branches)
 
 
 def _stored(blobs: dict[int, bytes], calls: dict[int, TokenCall]) -> dict[int, Summary] | None:
@@ -249,13 +241,12 @@ async def session_samples(
     """One session's export rows (step-wise by default), finished or not (`cursor` null until then)."""
     check_session_id(session_id)
     async with state.db_sessions() as db:
-        repo = Repository(db)
-        session = await repo.get_session(session_id)
+        session = await Repository(db).get_session(session_id)
         if session is None:
             raise NotFound(f"no session {session_id!r}", param="session_id")
-        calls = await repo.session_calls(session_id)
         seq = await db.scalar(select(FinishedRow.seq).where(FinishedRow.session_id == session_id))
-    rows = [{"cursor": seq, **row} for row in session_rows(state, session, calls, mode, branches)]
+    [(_, _, made)] = await _page_rows(state, [(seq, session)], RowFilter(mode, branches))
+    rows = [{"cursor": seq, **as_lists(row)} for row in made]
     return {"session_id": session_id, "mode": mode, "samples": rows}
 
 

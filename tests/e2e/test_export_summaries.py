@@ -101,3 +101,12 @@ def test_summaries_follow_the_drift_mode_and_go_with_their_session(
         assert httpx.delete(f"{url}/sessions/s1").status_code == 204
         assert _summaries(db) == {}
     assert orjson.loads(strict.splitlines()[0])["drift"]["mode"] == "strict"
+
+
+def test_one_sessions_samples_are_its_export_rows(proxy_url: str) -> None:
+    _session(proxy_url, "s1", 3, resend=True)
+    for mode in ("merged", "stepwise"):
+        exported = httpx.get(f"{proxy_url}/export", params={"mode": mode, "branches": "all"}).content
+        samples = httpx.get(f"{proxy_url}/sessions/s1/samples", params={"mode": mode, "branches": "all"})
+        assert samples.status_code == 200, samples.text
+        assert samples.json()["samples"] == [orjson.loads(line) for line in exported.splitlines()]
