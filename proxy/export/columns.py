@@ -19,37 +19,52 @@ _LOGPROBS = np.dtype("<f4")
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
+# JSON text is handled as views: slicing off brackets or a last comma copies nothing, and each
+# column is copied once, when its parts are joined.
+Text = bytes | memoryview
+
+
+def _inner(array: npt.NDArray[Any]) -> memoryview:
+    """The JSON list of an array without its brackets."""
+    return memoryview(orjson.dumps(array, option=_NUMPY))[1:-1]
+
+
 class Encoder:
     """JSON text of each blob (without brackets), made once per batch."""
 
     def __init__(self) -> None:
-        self._ids: dict[int, bytes] = {}
-        self._logprobs: dict[int, bytes] = {}
+        self._ids: dict[int, Text] = {}
+        self._logprobs: dict[int, Text] = {}
 
-    def ids(self, piece: Piece) -> bytes:
+    def ids(self, piece: Piece) -> Text:
         key, blob = piece
         text = self._ids.get(key)
         if text is None:
-            text = self._ids[key] = orjson.dumps(np.frombuffer(blob, dtype=_IDS), option=_NUMPY)[1:-1]
+            text = self._ids[key] = _inner(np.frombuffer(blob, dtype=_IDS))
         return text
 
-    def logprobs(self, piece: Piece) -> bytes:
+    def logprobs(self, piece: Piece) -> Text:
         key, blob = piece
         text = self._logprobs.get(key)
         if text is None:
             # As float64, the way they always were exported: the float32 value, printed exactly.
-            values = np.frombuffer(blob, dtype=_LOGPROBS).astype(np.float64)
-            text = self._logprobs[key] = orjson.dumps(values, option=_NUMPY)[1:-1]
+            text = self._logprobs[key] = _inner(np.frombuffer(blob, dtype=_LOGPROBS).astype(np.float64))
         return text
 
 
-def _repeated(item: bytes, count: int) -> bytes:
+def _repeated(item: bytes, count: int) -> Text:
     """`count` times one JSON value followed by a comma, without the last comma."""
-    return (item * count)[:-1]
+    return memoryview(item * count)[:-1]
 
 
-def _joined(parts: list[bytes]) -> bytes:
-    return b"[" + b",".join(part for part in parts if part) + b"]"
+def _joined(parts: list[Text]) -> bytes:
+    """A JSON list of these texts (each a comma-separated run of values; empty ones left out)."""
+    out: list[Text] = [b"["]
+    for part in parts:
+        if len(part):
+            out += (part, b",")
+    out[-1] = b"]" if len(out) > 1 else b"[]"
+    return b"".join(out)
 
 
 @dataclass(frozen=True)
