@@ -4,6 +4,7 @@ the very same rows."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import zlib
 from pathlib import Path
@@ -11,7 +12,9 @@ from typing import Any
 
 import httpx
 import orjson
+from sqlalchemy import text
 
+from proxy.store.database import create_engine
 from tests.conftest import ProxyFactory
 
 
@@ -110,3 +113,24 @@ def test_one_sessions_samples_are_its_export_rows(proxy_url: str) -> None:
         samples = httpx.get(f"{proxy_url}/sessions/s1/samples", params={"mode": mode, "branches": "all"})
         assert samples.status_code == 200, samples.text
         assert samples.json()["samples"] == [orjson.loads(line) for line in exported.splitlines()]
+
+
+async def _execute(url: str, statement: str) -> list[Any]:
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as connection:
+            result = await connection.execute(text(statement))
+            return list(result.all()) if result.returns_rows else []
+    finally:
+        await engine.dispose()
+
+
+def test_summaries_on_postgresql(start_proxy: ProxyFactory, postgres_url: str) -> None:
+    with start_proxy(postgres_url) as url:
+        for n in range(2):
+            _session(url, f"s{n}", 2, resend=n == 1)
+        assert len(asyncio.run(_execute(postgres_url, "select leaf_call_id from segment_summaries"))) == 3
+        before = _bodies(url)
+        asyncio.run(_execute(postgres_url, "delete from segment_summaries"))
+        assert _bodies(url) == before
+        assert len(asyncio.run(_execute(postgres_url, "select leaf_call_id from segment_summaries"))) == 3
