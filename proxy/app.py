@@ -41,6 +41,7 @@ from proxy.errors import (
     ProxyError,
     with_request_id,
 )
+from proxy.export.summaries import store_on_finish
 from proxy.observe import metrics_route, ui
 from proxy.observe.logs import install_record_ids
 from proxy.observe.metrics import Metrics
@@ -273,15 +274,20 @@ async def _finish_idle_sessions(state: AppState) -> None:
     while True:
         await asyncio.sleep(min(60.0, timeout / 4))
         try:
-            finished = 0
+            finished = []
             async with state.db_sessions() as db, db.begin():
                 repo = Repository(db)
                 idle_before = utcnow() - timedelta(seconds=timeout)
                 for session in await repo.idle_sessions(idle_before):
-                    if session.id not in state.turns.in_flight:
-                        finished += await repo.finish_session(session, idle_before=idle_before)
+                    if session.id not in state.turns.in_flight and await repo.finish_session(
+                        session, idle_before=idle_before
+                    ):
+                        finished.append(session)
             if finished:
-                log.info("finished %d idle sessions", finished)
+                log.info("finished %d idle sessions", len(finished))
+                await store_on_finish(
+                    state.db_sessions, finished, state.renderer, state.settings.drift_report
+                )
         except Exception:  # a sweep must never take the proxy down; the next one retries
             log.exception("idle-session sweep failed")
 

@@ -3,7 +3,7 @@ one session's rows on their own."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -17,12 +17,14 @@ from proxy.api.schemas import MAX_DB_INTEGER, RowId
 from proxy.app_state import AppState
 from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
 from proxy.export.branches import BranchFilter
+from proxy.export.columns import as_lists
 from proxy.export.formats import jsonl, metadata_type, parquet_stream, require_pyarrow
-from proxy.export.samples import merged_rows, stepwise_rows
+from proxy.export.rows import merged_rows_of, stepwise_rows_of
+from proxy.export.summaries import Summary, decode, fresh_summaries, leaves
 from proxy.observe.export_tally import ExportTally
-from proxy.store.models import CallRow, FinishedRow, SessionRow
-from proxy.store.repository import Repository, utcnow
-from proxy.store.selection import ExportStatus, Selection, Snapshot, selected_pages, take_snapshot
+from proxy.store.models import FinishedRow, SessionRow
+from proxy.store.repository import Repository, TokenCall, utcnow
+from proxy.store.selection import ExportStatus, Page, Selection, Snapshot, selected_pages, take_snapshot
 from proxy.weight_versions import at_least
 
 router = APIRouter(tags=["export"])
@@ -49,12 +51,35 @@ class RowFilter:
     whole_groups: bool = False
 
 
-def session_rows(
-    state: AppState, session: SessionRow, calls: Sequence[CallRow], mode: Mode, branches: BranchFilter
-) -> list[dict[str, Any]]:
-    if mode == "merged":
-        return merged_rows(session, calls, state.renderer, state.settings.drift_report, branches)
-    return stepwise_rows(session, calls, branches)
+def _stored(blobs: dict[int, bytes], calls: dict[int, TokenCall]) -> dict[int, Summary] | None:
+    """The stored summaries of every branch of these calls, or None when one is missing."""
+    wanted = leaves(calls)
+    if not wanted <= blobs.keys():
+        return None
+    return {leaf: decode(blobs[leaf]) for leaf in wanted}
+
+
+async def _page_rows(
+    state: AppState, page: Page, rows: RowFilter
+) -> list[tuple[int | None, SessionRow, list[dict[str, Any]]]]:
+    """The page's rows from stored summaries and token blobs (two queries); a session without
+    summaries gets them made now."""
+    ids = [session.id for _, session in page]
+    drift_mode = state.settings.drift_report
+    async with state.db_sessions() as db:
+        repo = Repository(db)
+        calls = await repo.token_calls(ids)
+        stored = await repo.segment_summaries(ids, drift_mode)
+    build = merged_rows_of if rows.mode == "merged" else stepwise_rows_of
+    built = []
+    for seq, session in page:
+        session_calls, summaries = calls[session.id], _stored(stored[session.id], calls[session.id])
+        if summaries is None:
+            # Step-wise rows carry no drift report: an active session's (never stored) needs no render.
+            renderer = state.renderer if rows.mode == "merged" or session.status == "finished" else None
+            session_calls, summaries = await fresh_summaries(state.db_sessions, session, renderer, drift_mode)
+        built.append((seq, session, build(session, summaries, session_calls, rows.branches)))
+    return built
 
 
 def _fresh(rows: list[dict[str, Any]], minimum: str | None) -> bool:
@@ -80,26 +105,20 @@ def _units(
 async def export_pages(
     state: AppState, selection: Selection, snapshot: Snapshot, rows: RowFilter
 ) -> AsyncIterator[list[dict[str, Any]]]:
-    """Rows page by page; each page holds PAGE_SESSIONS sessions (or groups), so memory stays bounded."""
+    """Rows a session (or a whole group) at a time; pages of PAGE_SESSIONS sessions are read at once,
+    so memory stays bounded by a page's token blobs."""
     delivered = 0
     async for page in selected_pages(state.db_sessions, selection, snapshot, PAGE_SESSIONS):
-        async with state.db_sessions() as db:
-            repo = Repository(db)
-            loaded = [(seq, session, await repo.session_calls(session.id)) for seq, session in page]
-        built = [
-            (seq, session, session_rows(state, session, calls, rows.mode, rows.branches))
-            for seq, session, calls in loaded
-        ]
-        out: list[dict[str, Any]] = []
+        built = await _page_rows(state, page, rows)
         for unit in _units(built, rows.whole_groups):
             if rows.limit is not None and delivered >= rows.limit:
-                break
+                return
             if not all(_fresh(made, rows.min_weight_version) for _, _, made in unit):
                 continue
             delivered += 1
-            out.extend({"cursor": seq, **row} for seq, _, made in unit for row in made)
-        if out:
-            yield out
+            out = [{"cursor": seq, **row} for seq, _, made in unit for row in made]
+            if out:
+                yield out
         if rows.limit is not None and delivered >= rows.limit:
             return
 
@@ -222,13 +241,12 @@ async def session_samples(
     """One session's export rows (step-wise by default), finished or not (`cursor` null until then)."""
     check_session_id(session_id)
     async with state.db_sessions() as db:
-        repo = Repository(db)
-        session = await repo.get_session(session_id)
+        session = await Repository(db).get_session(session_id)
         if session is None:
             raise NotFound(f"no session {session_id!r}", param="session_id")
-        calls = await repo.session_calls(session_id)
         seq = await db.scalar(select(FinishedRow.seq).where(FinishedRow.session_id == session_id))
-    rows = [{"cursor": seq, **row} for row in session_rows(state, session, calls, mode, branches)]
+    [(_, _, made)] = await _page_rows(state, [(seq, session)], RowFilter(mode, branches))
+    rows = [{"cursor": seq, **as_lists(row)} for row in made]
     return {"session_id": session_id, "mode": mode, "samples": rows}
 
 

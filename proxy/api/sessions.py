@@ -14,7 +14,8 @@ from proxy.api.groups import group_claim
 from proxy.api.schemas import RowId, Shallow
 from proxy.errors import Conflict, InvalidRequest, NotFound
 from proxy.export.branches import BranchFilter
-from proxy.export.samples import group_fields
+from proxy.export.rows import group_fields
+from proxy.export.summaries import store_on_finish
 from proxy.export.trajectory import build_trajectories
 from proxy.store.groups import check_group
 from proxy.store.models import SessionRow
@@ -123,8 +124,11 @@ async def finish_session(session_id: str, state: StateDep) -> dict[str, Any]:
     async with state.db_sessions() as db, db.begin():
         repo = Repository(db)
         session = await _session(repo, session_id)
-        await repo.finish_session(session)
-        return session_json(session)
+        finished = await repo.finish_session(session)
+    if finished:
+        # After the finish's commit (no turn can land any more), outside its write transaction.
+        await store_on_finish(state.db_sessions, [session], state.renderer, state.settings.drift_report)
+    return session_json(session)
 
 
 @router.post("/{session_id}/reward")

@@ -5,17 +5,23 @@ token the experts of the forward pass that sampled it, aligned with the loss mas
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from proxy.engines.routed_experts import RoutedExperts
-from proxy.store.models import CallRow
 
 Rows = list[list[list[int]]]
 
 
-def path_experts(calls: Sequence[CallRow], length: int) -> Rows | None:
+class Routed(Protocol):
+    """A recorded call (its row, or the export's light view of it)."""
+
+    @property
+    def routed_experts(self) -> bytes | None: ...
+
+
+def path_experts(calls: Sequence[Routed], length: int) -> Rows | None:
     """The routings of a path's calls over positions [0, length - 1), or None unless every call
     recorded its part and the parts cover every position once."""
     if not calls or any(call.routed_experts is None for call in calls):
@@ -41,7 +47,7 @@ def per_response_token(rows: Rows | None, prompt_len: int, loss_mask: Sequence[i
 
 
 def export_fields(
-    calls: Sequence[CallRow], prompt: Sequence[int], response: Sequence[int], mask: Sequence[int]
+    calls: Sequence[Routed], prompt: Sequence[int], response: Sequence[int], mask: Sequence[int]
 ) -> dict[str, Any]:
     rows = path_experts(calls, len(prompt) + len(response))
     return {

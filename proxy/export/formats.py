@@ -15,6 +15,9 @@ EXPORT_FORMATS = ("jsonl", "parquet")
 # The fields of a boundary edit (proxy/turns/planning.py); every edit carries them all, null where
 # they do not apply.
 BOUNDARY_EDIT_FIELDS = ("kind", "position", "call_id", "token", "sampled", "rendered")
+TOKEN_COLUMNS = ("prompt_ids", "response_ids", "loss_mask", "rollout_logprobs", "token_rewards")
+# A Parquet row group is closed once it holds this many tokens (about 20 MB of Arrow buffers).
+ROW_GROUP_TOKENS = 2_000_000
 
 
 def _version_span_type() -> Any:
@@ -45,7 +48,11 @@ def export_drift(drift: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def jsonl(rows: list[dict[str, Any]]) -> bytes:
-    return b"".join(orjson.dumps(row) + b"\n" for row in rows)
+    """JSON lines; token columns (proxy.export.columns) are written from their blobs."""
+    from proxy.export.columns import Encoder, as_json_row
+
+    encoder = Encoder()
+    return b"".join([as_json_row(row, encoder) for row in rows])
 
 
 def _boundary_edit_type() -> Any:
@@ -195,8 +202,35 @@ async def metadata_type(metas: AsyncIterator[list[dict[str, Any]]]) -> MetadataT
     return found
 
 
-def _parquet_row(row: dict[str, Any], metadata: MetadataType) -> dict[str, Any]:
-    return {**row, "metadata": metadata.value(row.get("metadata") or {})}
+def _column(values: list[Any], kind: Any) -> Any:
+    """One column of a row group; token columns go in as whole buffers, never value by value."""
+    import pyarrow as pa
+
+    from proxy.export.columns import COLUMN_TYPES, list_values
+
+    if pa.types.is_list(kind) and values and all(isinstance(v, COLUMN_TYPES) for v in values):
+        offsets, flat = list_values(values, kind.value_type)
+        return pa.ListArray.from_arrays(pa.array(offsets), flat, type=kind)
+    return pa.array(values, type=kind)
+
+
+def _table(rows: list[dict[str, Any]], schema: Any, metadata: MetadataType) -> Any:
+    import pyarrow as pa
+
+    columns = [
+        _column(
+            [metadata.value(row.get("metadata") or {}) for row in rows]
+            if field.name == "metadata"
+            else [row.get(field.name) for row in rows],
+            field.type,
+        )
+        for field in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _tokens(row: dict[str, Any]) -> int:
+    return sum(len(row[key]) for key in ("prompt_ids", "response_ids") if key in row)
 
 
 class _Drain(io.RawIOBase):
@@ -235,21 +269,33 @@ def require_pyarrow(fmt: str) -> None:
 
 
 async def parquet_stream(
-    mode: str, pages: AsyncIterator[list[dict[str, Any]]], meta: MetadataType
+    mode: str,
+    pages: AsyncIterator[list[dict[str, Any]]],
+    meta: MetadataType,
+    row_group_tokens: int = ROW_GROUP_TOKENS,
 ) -> AsyncIterator[bytes]:
     """Parquet with real nested columns (structs and lists, never JSON text but for a metadata key
-    of mixed types), one row group per page; the metadata type is settled before the first row."""
-    import pyarrow as pa
+    of mixed types); the metadata type is settled before the first row. Rows are written a row
+    group at a time, each closed once it holds `row_group_tokens` tokens, so memory stays bounded
+    whatever the number of rows."""
     import pyarrow.parquet as pq
 
     schema = _parquet_schema(mode, meta.arrow_type())
     sink = _Drain()
-    writer = pq.ParquetWriter(sink, schema)
+    # Dictionary pages and min/max statistics pay off for repeated strings, not for token columns
+    # (most of the bytes, and most of the time writing them).
+    others = [f.name for f in schema if f.name not in TOKEN_COLUMNS]
+    writer = pq.ParquetWriter(sink, schema, use_dictionary=others, write_statistics=others)
+    held: list[dict[str, Any]] = []
+    tokens = 0
     async for rows in pages:
-        if not rows:
-            continue
-        table = pa.Table.from_pylist([_parquet_row(row, meta) for row in rows], schema=schema)
-        writer.write_table(table)
-        yield sink.take()
+        held += rows
+        tokens += sum(_tokens(row) for row in rows)
+        if held and tokens >= row_group_tokens:
+            writer.write_table(_table(held, schema, meta), row_group_size=len(held))
+            held, tokens = [], 0
+            yield sink.take()
+    if held:
+        writer.write_table(_table(held, schema, meta), row_group_size=len(held))
     writer.close()
     yield sink.take()

@@ -17,39 +17,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.chat.renderer import Renderer
-from proxy.export.branches import BranchFilter, branch_labels, kept
+from proxy.export.branches import BranchFilter
+from proxy.export.columns import as_lists
 from proxy.export.drift import DriftMode
-from proxy.export.experts import export_fields
-from proxy.export.formats import BOUNDARY_EDIT_FIELDS, export_drift
-from proxy.export.trajectory import build_trajectories
-from proxy.store.codec import unpack_ids, unpack_logprobs
+from proxy.export.rows import merged_rows_of, stepwise_rows_of
+from proxy.export.summaries import summarize, token_calls, versions
 from proxy.store.models import CallRow, SessionRow
-from proxy.weight_versions import version_range, version_spans
 
 EXPORT_MODES = ("merged", "stepwise")
-
-
-def _versions(versions: Sequence[str | None]) -> dict[str, Any]:
-    lowest, highest = version_range(list(versions))  # as versions: "9" < "10", never as strings
-    return {
-        "weight_versions": list(versions),
-        "weight_version_min": lowest,
-        "weight_version_max": highest,
-    }
-
-
-def _full_edit(edit: dict[str, Any]) -> dict[str, Any]:
-    """Every edit with every field (null where it does not apply): one shape in JSONL and Parquet."""
-    return {**{name: edit.get(name) for name in BOUNDARY_EDIT_FIELDS}, **edit}
-
-
-def group_fields(session: SessionRow) -> dict[str, Any]:
-    """The session's GRPO group, first-class in every row (None when it has none)."""
-    return {
-        "group_id": session.group_id,
-        "sample_index": session.sample_index,
-        "group_size": session.group_size,
-    }
 
 
 def merged_rows(
@@ -59,103 +34,18 @@ def merged_rows(
     drift_mode: DriftMode,
     branches: BranchFilter = "final",
 ) -> list[dict[str, Any]]:
-    rows = []
-    trajectories = build_trajectories(
-        calls,
-        renderer=renderer,
-        drift_mode=drift_mode,
-        template_now=session.template_now,
-        session_id=session.id,
-        branches=branches,
-    )
-    # A branch's place among all the session's branches, so it names the same row whatever the filter.
-    parents = {c.parent_id for c in calls if c.status == "ok"}
-    leaves = {
-        leaf: index
-        for index, leaf in enumerate(c.id for c in calls if c.status == "ok" and c.id not in parents)
-    }
-    for trajectory in trajectories:
-        rows.append(
-            {
-                "session_id": session.id,
-                **group_fields(session),
-                "path_index": leaves[trajectory.calls[-1].id],
-                "segment_id": trajectory.segment_id,
-                "branch": trajectory.branch,
-                "call_ids": [c.id for c in trajectory.calls],
-                "num_calls": len(trajectory.calls),
-                "prompt_ids": trajectory.prompt_ids,
-                "response_ids": trajectory.response_ids,
-                "loss_mask": trajectory.loss_mask,
-                "rollout_logprobs": trajectory.rollout_logprobs,
-                "reward": session.reward,
-                "call_rewards": [c.reward for c in trajectory.calls],
-                "finish_reasons": [c.finish_reason for c in trajectory.calls],
-                "boundary_edits": [_full_edit(edit) for edit in trajectory.boundary_edits],
-                "drift": export_drift(trajectory.drift),
-                "metadata": session.meta,
-                **_versions([c.weight_version for c in trajectory.calls]),
-                "adapters": [c.adapter for c in trajectory.calls],
-                **export_fields(
-                    trajectory.calls, trajectory.prompt_ids, trajectory.response_ids, trajectory.loss_mask
-                ),
-            }
-        )
-    return rows
+    """One row per segment path (branch), its drift report rendered now; token columns as lists."""
+    summaries = summarize(session, calls, renderer, drift_mode)
+    return [as_lists(row) for row in merged_rows_of(session, summaries, token_calls(calls), branches)]
 
 
 def stepwise_rows(
     session: SessionRow, calls: Sequence[CallRow], branches: BranchFilter = "final"
 ) -> list[dict[str, Any]]:
     """One row per completed call of the exported branches, in call order; the last one carries
-    the session's reward."""
-    labels = branch_labels(calls)
-    done = [c for c in calls if c.status == "ok" and kept(labels[c.id], branches)]
-    contexts: dict[int, list[int]] = {}
-    chains: dict[int, list[CallRow]] = {}
-    rows = []
-    for index, call in enumerate(done):
-        # A kept call's parent is kept too: labels only worsen from the root down.
-        parent = contexts.get(call.parent_id) if call.parent_id is not None else []
-        assert parent is not None, "a call's parent precedes it"
-        prompt = parent + unpack_ids(call.prompt_added).tolist()
-        output = unpack_ids(call.output_ids).tolist()
-        contexts[call.id] = prompt + output
-        chains[call.id] = [*(chains[call.parent_id] if call.parent_id is not None else []), call]
-        last = index == len(done) - 1
-        reward = session.reward if last and session.reward is not None else (call.reward or 0.0)
-        token_rewards = [0.0] * len(output)
-        if token_rewards:
-            token_rewards[-1] = reward
-        rows.append(
-            {
-                "session_id": session.id,
-                **group_fields(session),
-                "trajectory_id": session.id,
-                "step": index,
-                "call_id": call.id,
-                "segment_id": call.segment_id,
-                "branch": labels[call.id],
-                "is_last_step": last,
-                "prompt_ids": prompt,
-                "response_ids": output,
-                "loss_mask": [1] * len(output),
-                "rollout_logprobs": unpack_logprobs(call.output_logprobs),
-                "reward": reward,
-                "call_reward": call.reward,
-                "token_rewards": token_rewards,
-                "finish_reason": call.finish_reason,
-                "weight_version": call.weight_version,
-                "weight_version_spans": version_spans(
-                    (call.engine_meta or {}).get("weight_versions"), call.weight_version, len(output)
-                ),
-                "metadata": session.meta,
-                "model": (call.request.get("body") or {}).get("model"),
-                "adapter": call.adapter,
-                **export_fields(chains[call.id], prompt, output, [1] * len(output)),
-            }
-        )
-    return rows
+    the session's reward. Token columns as lists."""
+    summaries = summarize(session, calls, None, "disable")
+    return [as_lists(row) for row in stepwise_rows_of(session, summaries, token_calls(calls), branches)]
 
 
 class MergeRefused(ValueError):
@@ -274,5 +164,5 @@ def merge_steps(steps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if "call_ids" in run:
             run["num_calls"] = len(run["call_ids"])
         if "weight_versions" in run:
-            run.update(_versions(run["weight_versions"]))
+            run.update(versions(run["weight_versions"]))
     return runs

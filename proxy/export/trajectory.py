@@ -58,7 +58,8 @@ class SegmentTrajectory:
         }
 
 
-def _path(leaf: CallRow, by_id: dict[int, CallRow]) -> list[CallRow]:
+def call_path(leaf: CallRow, by_id: dict[int, CallRow]) -> list[CallRow]:
+    """The calls from the segment's first one down to `leaf`."""
     chain = [leaf]
     while chain[-1].parent_id is not None:
         chain.append(by_id[chain[-1].parent_id])
@@ -124,6 +125,16 @@ def drift_report(
     return report(differences, mode, prompt_len)
 
 
+def path_drift(
+    path: list[CallRow], renderer: Renderer, mode: DriftMode, template_now: datetime, session_id: str
+) -> dict[str, Any]:
+    """The drift report of one segment path: the one build_trajectories attaches, logged the same way."""
+    trajectory = _assemble(path, "final")
+    drift = drift_report(trajectory, renderer, mode, template_now)
+    _log_drift(session_id, SegmentTrajectory(**{**trajectory.__dict__, "drift": drift}))
+    return drift
+
+
 def _text_of(message: dict[str, Any]) -> str:
     content = message.get("content")
     if isinstance(content, list):
@@ -150,7 +161,7 @@ def build_trajectories(
     for leaf in done:
         if leaf.id in has_child or not kept(labels[leaf.id], branches):
             continue
-        trajectory = _assemble(_path(leaf, by_id), labels[leaf.id])
+        trajectory = _assemble(call_path(leaf, by_id), labels[leaf.id])
         if renderer is not None and drift_mode != "disable" and template_now is not None:
             drift = drift_report(trajectory, renderer, drift_mode, template_now)
             trajectory = SegmentTrajectory(**{**trajectory.__dict__, "drift": drift})

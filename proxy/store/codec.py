@@ -17,6 +17,10 @@ def pack_ids(ids: Sequence[int] | IdArray) -> bytes:
     return np.asarray(ids, dtype=_IDS).tobytes()
 
 
+def id_count(blob: bytes) -> int:
+    return len(blob) // _IDS.itemsize
+
+
 def unpack_ids(blob: bytes) -> IdArray:
     return np.frombuffer(blob, dtype=_IDS).astype(np.int32)
 

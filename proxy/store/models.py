@@ -150,3 +150,16 @@ class RegisteredEngineRow(Base):
     url: Mapped[str] = mapped_column(String(2048))
     removed: Mapped[bool] = mapped_column(Boolean)
     changed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class SegmentSummaryRow(Base):
+    """What exporting one branch (a segment path ending at a leaf call) needs beyond its calls' token
+    blobs, as JSON: labels, per-call lists, boundary edits and the drift report under one drift mode.
+    Computed once when the session finishes; export only reads it."""
+
+    __tablename__ = "segment_summaries"
+
+    leaf_call_id: Mapped[int] = mapped_column(ForeignKey("calls.id", ondelete="CASCADE"), primary_key=True)
+    drift_mode: Mapped[str] = mapped_column(String(32), primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
+    summary: Mapped[bytes] = mapped_column(LargeBinary)

@@ -4,15 +4,51 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import delete, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
 
 from proxy.store.groups import GroupClaim, apply_claim
-from proxy.store.models import CallRow, ExportAckRow, FinishedRow, SegmentRow, SessionRow, SettingRow
+from proxy.store.models import (
+    CallRow,
+    ExportAckRow,
+    FinishedRow,
+    SegmentRow,
+    SegmentSummaryRow,
+    SessionRow,
+    SettingRow,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenCall:
+    """What an export row reads of a completed call besides its stored summary: the token blobs
+    and the reward (which a trainer may set after the finish)."""
+
+    id: int
+    parent_id: int | None
+    prompt_added: bytes
+    output_ids: bytes
+    output_logprobs: bytes
+    reward: float | None
+    routed_experts: bytes | None = None  # MoE routing replay, where recorded
+
+
+_TOKEN_CALLS = select(
+    CallRow.session_id,
+    CallRow.id,
+    CallRow.parent_id,
+    CallRow.prompt_added,
+    CallRow.output_ids,
+    CallRow.output_logprobs,
+    CallRow.reward,
+    CallRow.routed_experts,
+).order_by(CallRow.id)
 
 
 def utcnow() -> datetime:
@@ -118,6 +154,7 @@ class Repository:
         for table, column in (
             (ExportAckRow, ExportAckRow.session_id),
             (FinishedRow, FinishedRow.session_id),
+            (SegmentSummaryRow, SegmentSummaryRow.session_id),
             (CallRow, CallRow.session_id),
             (SegmentRow, SegmentRow.session_id),
         ):
@@ -186,6 +223,53 @@ class Repository:
     async def session_ids_up_to(self, cursor: int) -> Sequence[str]:
         result = await self.db.scalars(select(FinishedRow.session_id).where(FinishedRow.seq <= cursor))
         return result.all()
+
+    async def token_calls(self, session_ids: Sequence[str]) -> dict[str, dict[int, TokenCall]]:
+        """The completed calls of these sessions, by call id in recording order, in one query."""
+        query = _TOKEN_CALLS.where(CallRow.session_id.in_(list(session_ids)), CallRow.status == "ok")
+        calls: dict[str, dict[int, TokenCall]] = {session_id: {} for session_id in session_ids}
+        # Core, not the ORM: plain rows, no identity map, for the export's bulk of blobs.
+        connection = await self.db.connection()
+        for session_id, call_id, parent_id, added, output, logprobs, reward, experts in (
+            await connection.execute(query)
+        ).all():
+            calls[session_id][call_id] = TokenCall(
+                call_id, parent_id, added, output, logprobs, reward, experts
+            )
+        return calls
+
+    async def segment_summaries(
+        self, session_ids: Sequence[str], drift_mode: str
+    ) -> dict[str, dict[int, bytes]]:
+        """The stored summaries (JSON) of these sessions' branches under this drift mode, by leaf call."""
+        result = await self.db.execute(
+            select(
+                SegmentSummaryRow.session_id, SegmentSummaryRow.leaf_call_id, SegmentSummaryRow.summary
+            ).where(
+                SegmentSummaryRow.session_id.in_(list(session_ids)),
+                SegmentSummaryRow.drift_mode == drift_mode,
+            )
+        )
+        stored: dict[str, dict[int, bytes]] = {session_id: {} for session_id in session_ids}
+        for session_id, leaf, summary in result.all():
+            stored[session_id][int(leaf)] = bytes(summary)
+        return stored
+
+    async def add_segment_summaries(
+        self, session_id: str, drift_mode: str, summaries: dict[int, bytes]
+    ) -> None:
+        """Store summaries; one stored meanwhile (another export, another worker) is the same and stays."""
+        if not summaries:
+            return
+        dialect = postgresql if self.db.get_bind().dialect.name == "postgresql" else sqlite
+        insert = dialect.insert(SegmentSummaryRow).on_conflict_do_nothing()
+        await self.db.execute(
+            insert,
+            [
+                {"leaf_call_id": leaf, "drift_mode": drift_mode, "session_id": session_id, "summary": blob}
+                for leaf, blob in summaries.items()
+            ],
+        )
 
     # Settings ---------------------------------------------------------------------------------
 

@@ -120,6 +120,8 @@ async def selected_pages(
             cursor = next_cursor
             if page:
                 yield page
+            if not selection.whole_groups and len(page) < page_size:
+                break  # a short page is the last one: no query to find nothing after it
     if selection.status in ("active", "all"):
         after_id = ""
         while True:

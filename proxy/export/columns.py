@@ -1,0 +1,194 @@
+"""Token columns of export rows kept as the stored int32/float32 blobs they are made of, written as
+JSON text or Arrow values without a Python object per token. Each blob is encoded once per batch of
+rows, so a step-wise prompt (every earlier step again) costs a copy of text, not a new encoding."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+# A stored blob and a key naming it within one batch (call id * 2, + 1 for the call's output).
+Piece = tuple[int, bytes]
+_IDS = np.dtype("<i4")
+_LOGPROBS = np.dtype("<f4")
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+
+
+# JSON text is handled as views: slicing off brackets or a last comma copies nothing, and each
+# column is copied once, when its parts are joined.
+Text = bytes | memoryview
+
+
+def _inner(array: npt.NDArray[Any]) -> memoryview:
+    """The JSON list of an array without its brackets."""
+    return memoryview(orjson.dumps(array, option=_NUMPY))[1:-1]
+
+
+class Encoder:
+    """JSON text of each blob (without brackets), made once per batch."""
+
+    def __init__(self) -> None:
+        self._ids: dict[int, Text] = {}
+        self._logprobs: dict[int, Text] = {}
+
+    def ids(self, piece: Piece) -> Text:
+        key, blob = piece
+        text = self._ids.get(key)
+        if text is None:
+            text = self._ids[key] = _inner(np.frombuffer(blob, dtype=_IDS))
+        return text
+
+    def logprobs(self, piece: Piece) -> Text:
+        key, blob = piece
+        text = self._logprobs.get(key)
+        if text is None:
+            # As float64, the way they always were exported: the float32 value, printed exactly.
+            text = self._logprobs[key] = _inner(np.frombuffer(blob, dtype=_LOGPROBS).astype(np.float64))
+        return text
+
+
+def _repeated(item: bytes, count: int) -> Text:
+    """`count` times one JSON value followed by a comma, without the last comma."""
+    return memoryview(item * count)[:-1]
+
+
+def _joined(parts: list[Text]) -> bytes:
+    """A JSON list of these texts (each a comma-separated run of values; empty ones left out)."""
+    out: list[Text] = [b"["]
+    for part in parts:
+        if len(part):
+            out += (part, b",")
+    out[-1] = b"]" if len(out) > 1 else b"[]"
+    return b"".join(out)
+
+
+@dataclass(frozen=True)
+class Ids:
+    """Token ids: the concatenation of int32 blobs."""
+
+    pieces: tuple[Piece, ...]
+
+    def __len__(self) -> int:
+        return sum(len(blob) for _, blob in self.pieces) // _IDS.itemsize
+
+    def json(self, encoder: Encoder) -> bytes:
+        return _joined([encoder.ids(piece) for piece in self.pieces if piece[1]])
+
+    def raw(self) -> bytes:
+        return b"".join(blob for _, blob in self.pieces)
+
+    def array(self) -> npt.NDArray[np.int32]:
+        return np.frombuffer(self.raw(), dtype=_IDS)
+
+    def values(self) -> list[int]:
+        values: list[int] = self.array().tolist()
+        return values
+
+
+@dataclass(frozen=True)
+class Mask:
+    """A loss mask as runs of (value, length)."""
+
+    runs: tuple[tuple[int, int], ...]
+
+    def json(self, encoder: Encoder) -> bytes:
+        return _joined([_repeated(b"1," if v else b"0,", n) for v, n in self.runs])
+
+    def raw(self) -> bytes:
+        return b"".join((b"\x01" if v else b"\x00") * n for v, n in self.runs)
+
+    def array(self) -> npt.NDArray[np.int8]:
+        return np.frombuffer(self.raw(), dtype=np.int8)
+
+    def values(self) -> list[int]:
+        return [v for v, n in self.runs for _ in range(n)]
+
+
+@dataclass(frozen=True)
+class Logprobs:
+    """Logprobs per response token: stored float32 blobs, and runs of 0.0 (an int: their length)."""
+
+    pieces: tuple[Piece | int, ...]
+
+    def json(self, encoder: Encoder) -> bytes:
+        return _joined(
+            [
+                _repeated(b"0.0,", piece) if isinstance(piece, int) else encoder.logprobs(piece)
+                for piece in self.pieces
+            ]
+        )
+
+    def raw(self) -> bytes:
+        # A run of 0.0 is that many all-zero float32s.
+        return b"".join(
+            b"\x00" * (_LOGPROBS.itemsize * p) if isinstance(p, int) else p[1] for p in self.pieces
+        )
+
+    def array(self) -> npt.NDArray[np.float32]:
+        return np.frombuffer(self.raw(), dtype=_LOGPROBS)
+
+    def values(self) -> list[float]:
+        # float32 storage: the exported values are the float32 nearest the engine's number.
+        return [float(v) for v in self.array()]
+
+
+@dataclass(frozen=True)
+class TokenRewards:
+    """0.0 on every token of a step's response but the last, which carries the step's reward."""
+
+    length: int
+    reward: float
+
+    def json(self, encoder: Encoder) -> bytes:
+        return (
+            orjson.dumps(self.values())
+            if self.length < 2
+            else _joined([_repeated(b"0.0,", self.length - 1), orjson.dumps(self.reward)])
+        )
+
+    def raw(self) -> bytes:
+        with np.errstate(over="ignore"):  # a reward past float32's range is inf, as Arrow casts it
+            return np.asarray(self.values(), dtype=_LOGPROBS).tobytes()
+
+    def array(self) -> npt.NDArray[np.float32]:
+        return np.frombuffer(self.raw(), dtype=_LOGPROBS)
+
+    def values(self) -> list[float]:
+        values = [0.0] * self.length
+        if values:
+            values[-1] = self.reward
+        return values
+
+
+Column = Ids | Mask | Logprobs | TokenRewards
+COLUMN_TYPES = (Ids, Mask, Logprobs, TokenRewards)
+
+
+def as_json_row(row: dict[str, Any], encoder: Encoder) -> bytes:
+    """One JSON line (with its newline); token columns go in as their ready text."""
+    return orjson.dumps(
+        {k: orjson.Fragment(v.json(encoder)) if isinstance(v, COLUMN_TYPES) else v for k, v in row.items()},
+        option=orjson.OPT_APPEND_NEWLINE,
+    )
+
+
+def as_lists(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with its token columns as Python lists (the /samples route, merge_steps, tests)."""
+    return {k: v.values() if isinstance(v, COLUMN_TYPES) else v for k, v in row.items()}
+
+
+def list_values(columns: Sequence[Column], value_type: Any) -> tuple[npt.NDArray[np.int32], Any]:
+    """The offsets and the flat values of one list column over rows, as Arrow takes them: the
+    rows' buffers joined once (each column's raw bytes are already in the Arrow value type)."""
+    import pyarrow as pa
+
+    raws = [column.raw() for column in columns]
+    dtype = np.dtype(value_type.to_pandas_dtype())
+    offsets = np.zeros(len(raws) + 1, dtype=np.int32)
+    np.cumsum([len(raw) // dtype.itemsize for raw in raws], out=offsets[1:])
+    return offsets, pa.array(np.frombuffer(b"".join(raws), dtype=dtype), type=value_type)

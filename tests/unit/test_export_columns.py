@@ -1,0 +1,101 @@
+"""Token columns written from their stored blobs are the JSON and the Arrow values the same lists
+give, to the byte; Parquet row groups close at a token budget and the rows read back the same."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.export.columns import Encoder, Ids, Logprobs, Mask, TokenRewards, as_json_row, as_lists
+from proxy.export.formats import MetadataType, parquet_stream
+
+IDS = st.lists(st.integers(min_value=0, max_value=2**31 - 1), max_size=8)
+LOGPROBS = st.lists(st.floats(min_value=-1e6, max_value=0.0, width=32), max_size=8)
+
+
+def _blob(values: list[int]) -> bytes:
+    return np.asarray(values, dtype="<i4").tobytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(IDS, max_size=6),
+    st.lists(st.tuples(st.sampled_from([0, 1]), st.integers(min_value=0, max_value=5)), max_size=6),
+    st.lists(st.one_of(st.integers(min_value=0, max_value=5), LOGPROBS), max_size=6),
+    st.integers(min_value=0, max_value=4),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+def test_columns_write_the_json_of_their_lists(
+    pieces: list[list[int]],
+    runs: list[tuple[int, int]],
+    logprobs: list[int | list[float]],
+    size: int,
+    reward: float,
+) -> None:
+    row: dict[str, Any] = {
+        "a": 1,
+        "prompt_ids": Ids(tuple((n, _blob(p)) for n, p in enumerate(pieces))),
+        "loss_mask": Mask(tuple(runs)),
+        "rollout_logprobs": Logprobs(
+            tuple(
+                p if isinstance(p, int) else (n, np.asarray(p, dtype="<f4").tobytes())
+                for n, p in enumerate(logprobs)
+            )
+        ),
+        "token_rewards": TokenRewards(size, reward),
+        "z": None,
+    }
+    lists = as_lists(row)
+    assert lists["prompt_ids"] == [i for p in pieces for i in p]
+    assert lists["loss_mask"] == [v for v, n in runs for _ in range(n)]
+    expected = [x for p in logprobs for x in ([0.0] * p if isinstance(p, int) else [float(v) for v in p])]
+    assert lists["rollout_logprobs"] == expected
+    assert lists["token_rewards"] == ([0.0] * (size - 1) + [reward] if size else [])
+    assert as_json_row(row, Encoder()) == orjson.dumps(lists) + b"\n"
+    for key in ("prompt_ids", "loss_mask", "rollout_logprobs", "token_rewards"):
+        # The Arrow values are those the lists convert to (a reward past float32's range is inf).
+        array = row[key].array()
+        assert array.tolist() == pa.array(lists[key], type=pa.from_numpy_dtype(array.dtype)).to_pylist()
+
+
+async def _pages(rows: list[dict[str, Any]]) -> AsyncIterator[list[dict[str, Any]]]:
+    for row in rows:
+        yield [row]
+
+
+async def _parquet(rows: list[dict[str, Any]], budget: int) -> bytes:
+    return b"".join(
+        [chunk async for chunk in parquet_stream("stepwise", _pages(rows), MetadataType(), budget)]
+    )
+
+
+def test_parquet_row_groups_close_at_the_token_budget_with_the_same_rows() -> None:
+    rows = [
+        {
+            "session_id": f"s{n}",
+            "step": n,
+            "prompt_ids": Ids(((2 * n, _blob(list(range(n * 10)))),)),
+            "response_ids": Ids(((2 * n + 1, _blob([7, 8, 9])),)),
+            "loss_mask": Mask(((1, 3),)),
+            "rollout_logprobs": Logprobs(
+                ((2 * n + 1, np.asarray([-0.5, -1.0, -2.0], dtype="<f4").tobytes()),)
+            ),
+            "token_rewards": TokenRewards(3, 1.0),
+        }
+        for n in range(6)
+    ]
+    small = pq.ParquetFile(io.BytesIO(asyncio.run(_parquet(rows, 40))))
+    whole = pq.ParquetFile(io.BytesIO(asyncio.run(_parquet(rows, 10**9))))
+    assert small.num_row_groups > 1
+    assert whole.num_row_groups == 1
+    assert small.read().to_pylist() == whole.read().to_pylist()
+    assert small.read().column("prompt_ids").to_pylist() == [list(range(n * 10)) for n in range(6)]
