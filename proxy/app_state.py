@@ -13,6 +13,7 @@ from proxy.chat.call_format import ToolParserReport
 from proxy.chat.renderer import Renderer
 from proxy.chat.token_pieces import TokenPieces
 from proxy.config import Settings
+from proxy.dialects.seals import Sealer
 from proxy.engines.base import Engine
 from proxy.turns import TurnRunner
 
@@ -29,6 +30,8 @@ class AppState:
     context_length: int | None
     retries: RetryGuard = field(default_factory=RetryGuard)
     tool_parser: ToolParserReport | None = None  # which parser reads the template's calls
+    # Seals sampled reasoning under the deployment's secret (configured, or kept in the database).
+    sealer: Sealer = field(default_factory=lambda: Sealer(None))
     # When this process started serving (Unix seconds, UTC): /v1/models' `created`.
     started_at: int = field(default_factory=lambda: int(time.time()))
 

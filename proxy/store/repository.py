@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
+from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from proxy.store.groups import GroupClaim, apply_claim
 from proxy.store.models import CallRow, ExportAckRow, FinishedRow, SegmentRow, SessionRow, SettingRow
@@ -17,6 +18,24 @@ from proxy.store.models import CallRow, ExportAckRow, FinishedRow, SegmentRow, S
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+async def first_setting(db_sessions: async_sessionmaker[DbSession], key: str, proposed: str) -> str:
+    """The setting's stored value; `proposed` is stored when there is none. Processes starting at
+    once all get the value the first of them stored (the primary key admits one)."""
+    async with db_sessions() as db:
+        found = await Repository(db).get_setting(key)
+    if found is not None:
+        return found
+    try:
+        async with db_sessions() as db, db.begin():
+            db.add(SettingRow(key=key, value=proposed))
+    except IntegrityError:
+        async with db_sessions() as db:
+            stored = await Repository(db).get_setting(key)
+        assert stored is not None, f"the setting {key} vanished"
+        return stored
+    return proposed
 
 
 class Repository:

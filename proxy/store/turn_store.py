@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.errors import Conflict, ProxyError, RecordFailed, SessionFinished
 from proxy.store.database import database_error, is_database_failure, sqlite_pragmas
-from proxy.store.models import CallRow, SegmentRow, SessionRow
+from proxy.store.models import WEIGHT_VERSION_KEY, CallRow, SegmentRow, SessionRow, SettingRow
 from proxy.store.repository import utcnow
 
 log = logging.getLogger("tito_proxy.store")
@@ -111,8 +111,16 @@ Query = Select[*tuple[Any, ...]]
 _CONTINUED = select(
     CallRow.id, CallRow.session_id, CallRow.segment_id, CallRow.depth, CallRow.response_message
 )
-_SESSION_STATE = select(SessionRow.status, SessionRow.template_now).where(
-    SessionRow.id == bindparam("session")
+_SESSION = SessionRow.id == bindparam("session")
+# One row, whether the session exists or not: its state, and the trainer-set weight version, read
+# from the database on every turn (it is set on any process or replica; a copy kept here goes stale).
+_SESSION_STATE = select(
+    select(SessionRow.status).where(_SESSION).scalar_subquery().label("status"),
+    select(SessionRow.template_now).where(_SESSION).scalar_subquery().label("template_now"),
+    select(SettingRow.value)
+    .where(SettingRow.key == WEIGHT_VERSION_KEY)
+    .scalar_subquery()
+    .label("weight_version"),
 )
 # Completed calls whose conversation (request + reply) has this key, newest first.
 _WITH_HISTORY = _CONTINUED.where(
@@ -239,8 +247,13 @@ class TurnStore(abc.ABC):
             raise
 
     async def session_state(self, session_id: str) -> SessionState | None:
-        rows = await self._read(_SESSION_STATE, {"session": session_id})
-        return SessionState(status=rows[0].status, template_now=rows[0].template_now) if rows else None
+        return (await self.turn_start(session_id))[0]
+
+    async def turn_start(self, session_id: str) -> tuple[SessionState | None, str | None]:
+        """The session's state (None before its first call) and the trainer-set weight version."""
+        [row] = await self._read(_SESSION_STATE, {"session": session_id})
+        state = None if row.status is None else SessionState(status=row.status, template_now=row.template_now)
+        return state, row.weight_version
 
     async def calls_with_history(self, session_id: str, history_key: str) -> list[ContinuedCall]:
         rows = await self._read(_WITH_HISTORY, {"session": session_id, "key": history_key})
