@@ -179,6 +179,14 @@ def scale_out_table(scale_out: dict[str, Any]) -> list[str]:
             f"{run['turns_per_s_on_8_cores_from_cpu']:,}; {run['turns_per_s_on_8_cores_with_db_server']:,} "
             "| ≥ 2,000 |"
         )
+    long = scale_out["replicas"].get("long_conversation")
+    if long:
+        one, alternating = long["one_replica"], long["alternating"]
+        lines.append(
+            f"| {long['turns']}-turn tool conversation through 2 replicas: turn 1, turn {long['turns']} "
+            f"(p50 of 3) | alternating {alternating['turn_1_ms']} ms, {alternating['turn_last_ms']} ms; "
+            f"one replica {one['turn_1_ms']} ms, {one['turn_last_ms']} ms | | | | |"
+        )
     return lines
 
 

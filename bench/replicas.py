@@ -28,7 +28,7 @@ import aiohttp
 import orjson
 
 from bench.concurrency import RESULT
-from bench.floor import cpu_seconds
+from bench.floor import LONG_RESULT, cpu_seconds
 from bench.harness import REPLY, TOOLS, free_port, wait_healthy
 from proxy.demo_model import copy_qwen_tokenizer
 from tests import postgres_server
@@ -166,13 +166,55 @@ def measure_load(
     }
 
 
-def measure(sessions: int, turns: int) -> dict[str, Any]:
+async def _long_conversation(urls: Sequence[str], session: str, turns: int) -> list[float]:
+    """Per-turn latency (ms) of bench.floor's long tool conversation (~500 tokens a result), turn k
+    on replica k mod len(urls)."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the bug in src/main.py."},
+    ]
+    latencies = []
+    async with aiohttp.ClientSession() as client:
+        for turn in range(turns):
+            body = orjson.dumps({"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 256})
+            started = time.perf_counter()
+            async with client.post(
+                f"{urls[turn % len(urls)]}/sessions/{session}/v1/chat/completions",
+                data=body,
+                headers={"content-type": "application/json"},
+            ) as reply:
+                reply.raise_for_status()
+                message = orjson.loads(await reply.read())["choices"][0]["message"]
+            latencies.append((time.perf_counter() - started) * 1000)
+            messages += [
+                message,
+                {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": LONG_RESULT},
+            ]
+    return latencies
+
+
+def long_conversations(urls: Sequence[str], turns: int, rounds: int = 3) -> dict[str, Any]:
+    """Turn 1 and the last turn of a long conversation on one replica and alternating, medians of
+    `rounds`: a replica rebuilds a context the other recorded from the database (it is not cached)."""
+    result: dict[str, Any] = {"turns": turns}
+    for label, used in (("one_replica", urls[:1]), ("alternating", urls)):
+        runs = [asyncio.run(_long_conversation(used, f"long-{label}-{n}", turns)) for n in range(rounds)]
+        result[label] = {
+            "turn_1_ms": round(sorted(run[0] for run in runs)[rounds // 2], 2),
+            "turn_last_ms": round(sorted(run[-1] for run in runs)[rounds // 2], 2),
+        }
+    return result
+
+
+def measure(sessions: int, turns: int, long_turns: int = 64) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory() as folder,
         database("postgresql", Path(folder)) as (db, db_pid),
         proxies(Path(folder), db, 2) as (urls, pids),
     ):
-        return {"replicas": 2, "database": "postgresql", **measure_load(urls, pids, db_pid, sessions, turns)}
+        load = measure_load(urls, pids, db_pid, sessions, turns)
+        long = long_conversations(urls, long_turns)
+        return {"replicas": 2, "database": "postgresql", **load, "long_conversation": long}
 
 
 def main() -> None:
