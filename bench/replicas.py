@@ -37,9 +37,10 @@ from tests import postgres_server
 def process_tree(pid: int) -> list[int]:
     """The process and its descendants, from /proc/<pid>/task/*/children."""
     found = [pid]
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            found += process_tree(int(child))
+    with contextlib.suppress(FileNotFoundError):  # exited while listed (PostgreSQL's autovacuum workers)
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                found += process_tree(int(child))
     return found
 
 
@@ -102,7 +103,11 @@ def proxies(work: Path, db: str, count: int, *extra: str) -> Iterator[tuple[list
             args = ["proxy", "serve", "--engine-url", engine_url, "--tokenizer", str(tokenizer)]
             process = spawn(f"proxy-{n}", [*args, "--port", str(port), *extra], env)
             urls.append(f"http://127.0.0.1:{port}")
-            wait_healthy(urls[-1], process)
+            try:
+                wait_healthy(urls[-1], process)
+            except (RuntimeError, TimeoutError):
+                print((work / f"proxy-{n}.log").read_text()[-3000:], file=sys.stderr)
+                raise
             pids.append(process.pid)
         yield urls, pids
 
