@@ -27,15 +27,18 @@ async def first_setting(db_sessions: async_sessionmaker[DbSession], key: str, pr
         found = await Repository(db).get_setting(key)
     if found is not None:
         return found
-    try:
-        async with db_sessions() as db, db.begin():
-            db.add(SettingRow(key=key, value=proposed))
-    except IntegrityError:
-        async with db_sessions() as db:
-            stored = await Repository(db).get_setting(key)
-        assert stored is not None, f"the setting {key} vanished"
-        return stored
-    return proposed
+    # The IntegrityError is caught inside the session: leaving it, the error would become a Conflict.
+    async with db_sessions() as db:
+        try:
+            async with db.begin():
+                db.add(SettingRow(key=key, value=proposed))
+            return proposed
+        except IntegrityError:
+            pass
+    async with db_sessions() as db:
+        stored = await Repository(db).get_setting(key)
+    assert stored is not None, f"the setting {key} vanished"
+    return stored
 
 
 class Repository:
