@@ -133,18 +133,18 @@ _LATEST_ANSWERED = (
     .order_by(CallRow.id.desc())
     .limit(bindparam("limit", type_=Integer))
 )
-_SEGMENT = (
-    select(
-        CallRow.id,
-        CallRow.parent_id,
-        CallRow.prompt_added,
-        CallRow.output_ids,
-        CallRow.request,
-        CallRow.response_message,
-    )
-    .where(CallRow.segment_id == bindparam("segment"))
-    .order_by(CallRow.id)
+_SEGMENT_COLUMNS = select(
+    CallRow.id,
+    CallRow.parent_id,
+    CallRow.prompt_added,
+    CallRow.output_ids,
+    CallRow.request,
+    CallRow.response_message,
 )
+_SEGMENT = _SEGMENT_COLUMNS.where(CallRow.segment_id == bindparam("segment")).order_by(CallRow.id)
+# A segment's tree alone (a few bytes a call), and then only the calls a rebuild lacks.
+_SEGMENT_LINKS = select(CallRow.id, CallRow.parent_id).where(CallRow.segment_id == bindparam("segment"))
+_CALLS_BY_ID = _SEGMENT_COLUMNS.where(CallRow.id.in_(bindparam("ids", expanding=True))).order_by(CallRow.id)
 
 
 _SESSIONS = cast(Table, SessionRow.__table__)
@@ -265,6 +265,14 @@ class TurnStore(abc.ABC):
 
     async def segment_rows(self, segment_id: int) -> list[SegmentCall]:
         return [SegmentCall(*row) for row in await self._read(_SEGMENT, {"segment": segment_id})]
+
+    async def segment_links(self, segment_id: int) -> dict[int, int | None]:
+        """Each call of the segment: its parent's id."""
+        return {row.id: row.parent_id for row in await self._read(_SEGMENT_LINKS, {"segment": segment_id})}
+
+    async def calls(self, call_ids: Sequence[int]) -> list[SegmentCall]:
+        """These calls, oldest first."""
+        return [SegmentCall(*row) for row in await self._read(_CALLS_BY_ID, {"ids": list(call_ids)})]
 
 
 class AsyncTurnStore(TurnStore):
