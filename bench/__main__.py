@@ -13,7 +13,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import concurrency, floor, rerender, storage_export, streaming_ttft, turn_latency
+from bench import (
+    concurrency,
+    floor,
+    replicas,
+    rerender,
+    storage_export,
+    streaming_ttft,
+    turn_latency,
+    workers,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = re.compile(r"(<!-- bench:start -->\n).*?(<!-- bench:end -->)", re.DOTALL)
@@ -33,6 +42,11 @@ def run(quick: bool) -> dict[str, Any]:
     side_by_side = floor.measure(256, 4, 64)
     print("storage and export ...", flush=True)
     storage = storage_export.measure(max(2, round(8 * scale)))
+    print("workers (SQLite, PostgreSQL) and two replicas on one PostgreSQL ...", flush=True)
+    scale_out = {
+        "workers": workers.measure(round(256 * scale), 4),
+        "replicas": replicas.measure(round(256 * scale), 4),
+    }
     return {
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": _cpus(), "python": platform.python_version()},
@@ -42,6 +56,7 @@ def run(quick: bool) -> dict[str, Any]:
         "concurrency": load,
         "storage_export": storage,
         "floor": side_by_side,
+        "scale_out": scale_out,
     }
 
 
@@ -88,6 +103,8 @@ def table(results: dict[str, Any]) -> str:
     ]
     if "floor" in results:
         lines += ["", *floor_table(results["floor"])]
+    if "scale_out" in results:
+        lines += ["", *scale_out_table(results["scale_out"])]
     machine = results["machine"]
     lines.append("")
     lines.append(
@@ -148,6 +165,45 @@ def floor_table(side: dict[str, Any]) -> list[str]:
         + " | ".join(str(s["outliers"] or "none") for s in systems)
         + " | |",
     ]
+    return lines
+
+
+def scale_out_table(scale_out: dict[str, Any]) -> list[str]:
+    """Workers on SQLite and PostgreSQL, two replicas on one PostgreSQL, and what 8 cores would do."""
+    runs = [*scale_out["workers"], scale_out["replicas"]]
+    first = runs[0]
+    lines = [
+        f"| Scale-out ({first['sessions']} sessions x {first['turns_per_session']} turns) |"
+        " Turns per second | Proxy CPU per turn | Database server CPU per turn |"
+        " Turns/s on 8 cores, from CPU per turn"
+        " (proxy only; with the database server on the same host) | Target |",
+        "|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        database = "SQLite" if run["database"] == "sqlite" else "PostgreSQL"
+        label = (
+            f"{database}, 2 replicas, turns alternating"
+            if "replicas" in run
+            else f"{database}, {run['workers']} worker{'s' if run['workers'] > 1 else ''}"
+        )
+        db_cpu = (
+            "in the proxy"
+            if run["db_server_cpu_ms_per_turn"] is None
+            else (f"{run['db_server_cpu_ms_per_turn']} ms")
+        )
+        lines.append(
+            f"| {label} | {run['turns_per_s']:,.0f} | {run['cpu_ms_per_turn']} ms | {db_cpu} | "
+            f"{run['turns_per_s_on_8_cores_from_cpu']:,}; {run['turns_per_s_on_8_cores_with_db_server']:,} "
+            "| ≥ 2,000 |"
+        )
+    long = scale_out["replicas"].get("long_conversation")
+    if long:
+        one, alternating = long["one_replica"], long["alternating"]
+        lines.append(
+            f"| {long['turns']}-turn tool conversation through 2 replicas: turn 1, turn {long['turns']} "
+            f"(p50 of 3) | alternating {alternating['turn_1_ms']} ms, {alternating['turn_last_ms']} ms; "
+            f"one replica {one['turn_1_ms']} ms, {one['turn_last_ms']} ms | | | | |"
+        )
     return lines
 
 

@@ -7,6 +7,7 @@ import gc
 import logging
 import math
 import os
+import secrets
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -16,6 +17,10 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
+from pydantic import SecretStr
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncSession as DbSession
+from sqlalchemy.ext.asyncio import async_sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -31,6 +36,7 @@ from proxy.chat.renderer import Renderer
 from proxy.chat.tokenizer import load_tokenizer_files
 from proxy.config import Settings
 from proxy.dialects import anthropic, chat, completions, responses
+from proxy.dialects.seals import Sealer
 from proxy.engines.base import Engine
 from proxy.engines.checked import CheckedEngine
 from proxy.engines.resuming import ResumingEngine
@@ -55,7 +61,8 @@ from proxy.store.database import (
     session_factory,
     upgrade_to_head,
 )
-from proxy.store.repository import Repository, utcnow
+from proxy.store.models import REASONING_SECRET_KEY
+from proxy.store.repository import Repository, first_setting, utcnow
 from proxy.store.turn_store import open_turn_store
 from proxy.turns import TurnRunner
 from proxy.weight_sync import PauseGate
@@ -145,15 +152,13 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             model_name=model_name,
             context_length=context_length,
             tool_parser=parser_report,
-            retries=RetryGuard(claims=RetryClaims(db_sessions) if settings.workers > 1 else None),
+            retries=RetryGuard(claims=RetryClaims(db_sessions) if _shared_database(settings) else None),
             pool=pool,
+            sealer=Sealer(settings.reasoning_secret or await _stored_secret(db_sessions)),
         )
         app.state.proxy.turns.metrics = metrics
-        async with db_sessions() as db:
-            # Until the trainer sets one, calls whose answer names no version get the engine's at start.
-            app.state.proxy.turns.trainer_weight_version = (
-                await Repository(db).get_setting(admin.WEIGHT_VERSION_KEY) or engine_version
-            )
+        # Until the trainer sets one, calls whose answer names no version get the engine's at start.
+        app.state.proxy.turns.trainer_weight_version = engine_version
         sweeper = asyncio.create_task(_finish_idle_sessions(app.state.proxy))
         _freeze_startup_heap()
         try:
@@ -199,6 +204,19 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     if settings.workers > 1:
         app.add_middleware(WorkerHeader)
     return app
+
+
+def _shared_database(settings: Settings) -> bool:
+    """Whether other processes may serve from this database: `--workers`, or a database server
+    (PostgreSQL), which replicas share. Duplicates of a request are then ordered in the database."""
+    return settings.workers > 1 or make_url(settings.db).get_backend_name() != "sqlite"
+
+
+async def _stored_secret(db_sessions: async_sessionmaker[DbSession]) -> SecretStr:
+    """The deployment's reasoning secret when none is configured: made by the first process to start
+    on this database and kept there, so that every worker and replica, and a restart, verify a seal."""
+    stored = await first_setting(db_sessions, REASONING_SECRET_KEY, secrets.token_hex(32))
+    return SecretStr(stored)
 
 
 def _install_docs(app: FastAPI) -> None:

@@ -14,6 +14,7 @@ from proxy.chat.call_format import ToolParserReport
 from proxy.chat.renderer import Renderer
 from proxy.chat.token_pieces import TokenPieces
 from proxy.config import Settings
+from proxy.dialects.seals import Sealer
 from proxy.engines.base import Engine
 from proxy.engines.pool import EnginePool
 from proxy.turns import TurnRunner
@@ -33,6 +34,8 @@ class AppState:
     tool_parser: ToolParserReport | None = None  # which parser reads the template's calls
     # The engines behind `engine` (GET/POST/DELETE /admin/engines).
     pool: EnginePool | None = None
+    # Seals sampled reasoning under the deployment's secret (configured, or kept in the database).
+    sealer: Sealer = field(default_factory=lambda: Sealer(None))
     # When this process started serving (Unix seconds, UTC): /v1/models' `created`.
     started_at: int = field(default_factory=lambda: int(time.time()))
 

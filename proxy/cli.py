@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -218,11 +217,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def worker_environment(settings: Settings) -> dict[str, str]:
-    """The TITO_* variables of `--workers` processes: these settings, and one reasoning secret for all
-    (a seal one process issued must verify on whichever process the echo reaches)."""
-    env = settings_environment(settings)
-    env.setdefault("TITO_REASONING_SECRET", secrets.token_hex(32))
-    return env
+    """The TITO_* variables of `--workers` processes: these settings. Without a configured reasoning
+    secret they all read the one kept in the database (see app._stored_secret), as replicas do."""
+    return settings_environment(settings)
 
 
 def settings_environment(settings: Settings) -> dict[str, str]:

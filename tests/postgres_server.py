@@ -43,8 +43,9 @@ def _run_as_server_user(command: list[str]) -> None:
 
 
 @contextmanager
-def postgres_server(root: Path) -> Iterator[str]:
-    """Start a cluster under `root`; yields the URL of its `postgres` database (trust auth)."""
+def postgres_server(root: Path, *, durable: bool = False) -> Iterator[str]:
+    """Start a cluster under `root`; yields the URL of its `postgres` database (trust auth).
+    `durable`: every commit flushed to disk (the benchmarks), else fsync is off (the tests)."""
     data, sockets = root / "data", root / "sockets"
     for folder in (data, sockets):
         folder.mkdir(parents=True)
@@ -56,7 +57,7 @@ def postgres_server(root: Path) -> Iterator[str]:
     assert initdb is not None, "PostgreSQL's initdb is not installed"
     _run_as_server_user([initdb, "-D", str(data), "-U", "postgres", "--auth=trust"])
     port = free_port()
-    start(root, port)
+    start(root, port, durable=durable)
     try:
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
     finally:
@@ -69,12 +70,17 @@ def _pg_ctl() -> str:
     return pg_ctl
 
 
-def start(root: Path, port: int) -> None:
+def start(root: Path, port: int, *, durable: bool = False) -> None:
     """Start (or start again) the cluster under `root` on `port`."""
     # fsync off: the tests check behaviour, not power-loss durability, and run faster without it.
-    options = f"-p {port} -k {root / 'sockets'} -c listen_addresses=127.0.0.1 -F"
+    options = f"-p {port} -k {root / 'sockets'} -c listen_addresses=127.0.0.1" + ("" if durable else " -F")
     log = root / "server.log"
     _run_as_server_user([_pg_ctl(), "-D", str(root / "data"), "-l", str(log), "-o", options, "-w", "start"])
+
+
+def server_pid(root: Path) -> int:
+    """The postmaster's pid (its backends are its children)."""
+    return int((root / "data" / "postmaster.pid").read_text().split()[0])
 
 
 def stop(root: Path) -> None:

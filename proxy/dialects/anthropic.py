@@ -23,7 +23,6 @@ from proxy.app_state import AppState
 from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice, chat_tools
 from proxy.dialects.anthropic_output import MessageShape
 from proxy.dialects.anthropic_stream import message_events
-from proxy.dialects.seals import Sealer
 from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import run_turn
 from proxy.errors import ProxyError, UnsupportedParameter
@@ -164,7 +163,7 @@ async def create_message(
 ) -> Response:
     session_id, _ = session
     body.check_supported()
-    sealer = Sealer(state.settings.reasoning_secret)
+    sealer = state.sealer
     identity = RetryIdentity.from_request(dict(http_request.headers), await http_request.body())
     request = turn_request(
         state,
@@ -218,7 +217,7 @@ async def count_tokens(body: CountTokensRequest, state: StateDep) -> dict[str, A
 
 
 def _rendered_length(state: AppState, body: CountTokensRequest) -> int:
-    messages = anthropic_messages(body.system, body.messages, Sealer(state.settings.reasoning_secret))
+    messages = anthropic_messages(body.system, body.messages, state.sealer)
     kwargs = {"enable_thinking": False} if (body.thinking or {}).get("type") == "disabled" else None
     return len(
         state.renderer.render_prompt(

@@ -173,7 +173,7 @@ async def create_response(
 ) -> Response:
     body.check_supported()
     session_id = _session(session, body)
-    sealer = Sealer(state.settings.reasoning_secret)
+    sealer = state.sealer
     messages = await _messages(state, session_id, body, sealer)
     if not messages:
         raise InvalidRequest("input is empty", param="input")

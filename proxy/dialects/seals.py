@@ -1,9 +1,10 @@
 """Seals on sampled reasoning: clients echo reasoning back (Anthropic thinking signatures, Responses
 encrypted_content) and only a seal this deployment issued proves it is the reasoning we sampled.
 
-A seal is an HMAC-SHA256 of the text under the deployment's secret (TITO_REASONING_SECRET);
-without one, a random secret per process, so seals do not survive a restart
-(a conversation continued after one opens a new segment).
+A seal is an HMAC-SHA256 of the text under the deployment's secret: TITO_REASONING_SECRET, or
+without one a random secret the first process made and kept in the database, so that every worker
+and replica, and a restart, verify it (app._stored_secret). Sealer(None), for code that builds no
+app, uses a random secret of this process.
 """
 
 from __future__ import annotations

@@ -56,8 +56,15 @@ class ExportAckRow(Base):
     acked_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
+# The settings row of the trainer-set weight version (POST /admin/weight_version).
+WEIGHT_VERSION_KEY = "weight_version"
+# The settings row of the reasoning seals' secret when TITO_REASONING_SECRET is not set.
+REASONING_SECRET_KEY = "reasoning_secret"
+
+
 class SettingRow(Base):
-    """Small process-wide values that must survive restarts (the trainer-set weight version)."""
+    """Small deployment-wide values that must survive restarts and reach every process and replica
+    (the trainer-set weight version, the reasoning seals' secret)."""
 
     __tablename__ = "settings"
 

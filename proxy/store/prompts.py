@@ -131,9 +131,17 @@ def rebuild(rows: Sequence[StoredCall], call_id: int) -> Recorded:
         chain.append(row)
         current = row.parent_id
     chain.reverse()
-    pieces: list[IdArray] = []
+    return extend(None, chain)
+
+
+def extend(base: Recorded | None, chain: Sequence[StoredCall]) -> Recorded:
+    """The context and conversation of the chain's last call: `base` (its first call's parent's,
+    None when the chain starts at the segment's root), then each call's stored deltas."""
+    pieces: list[IdArray] = [base.ids] if base is not None else []
+    conversation = list(base.conversation) if base is not None else []
     for row in chain:
         pieces.append(unpack_ids(row.prompt_added))
         pieces.append(unpack_ids(row.output_ids))
+        conversation = [*call_messages(row, conversation), row.response_message]
     ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
-    return Recorded(ids=ids, conversation=chain_conversation(chain))
+    return Recorded(ids=ids, conversation=conversation)

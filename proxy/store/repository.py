@@ -12,6 +12,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
+from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from proxy.store.groups import GroupClaim, apply_claim
 from proxy.store.models import (
@@ -53,6 +54,27 @@ _TOKEN_CALLS = select(
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+async def first_setting(db_sessions: async_sessionmaker[DbSession], key: str, proposed: str) -> str:
+    """The setting's stored value; `proposed` is stored when there is none. Processes starting at
+    once all get the value the first of them stored (the primary key admits one)."""
+    async with db_sessions() as db:
+        found = await Repository(db).get_setting(key)
+    if found is not None:
+        return found
+    # The IntegrityError is caught inside the session: leaving it, the error would become a Conflict.
+    async with db_sessions() as db:
+        try:
+            async with db.begin():
+                db.add(SettingRow(key=key, value=proposed))
+            return proposed
+        except IntegrityError:
+            pass
+    async with db_sessions() as db:
+        stored = await Repository(db).get_setting(key)
+    assert stored is not None, f"the setting {key} vanished"
+    return stored
 
 
 class Repository:

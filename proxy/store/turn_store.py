@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.errors import Conflict, ProxyError, RecordFailed, SessionFinished
 from proxy.store.database import database_error, is_database_failure, sqlite_pragmas
-from proxy.store.models import CallRow, SegmentRow, SessionRow
+from proxy.store.models import WEIGHT_VERSION_KEY, CallRow, SegmentRow, SessionRow, SettingRow
 from proxy.store.repository import utcnow
 
 log = logging.getLogger("tito_proxy.store")
@@ -113,8 +113,16 @@ Query = Select[*tuple[Any, ...]]
 _CONTINUED = select(
     CallRow.id, CallRow.session_id, CallRow.segment_id, CallRow.depth, CallRow.response_message
 )
-_SESSION_STATE = select(SessionRow.status, SessionRow.template_now).where(
-    SessionRow.id == bindparam("session")
+_SESSION = SessionRow.id == bindparam("session")
+# One row, whether the session exists or not: its state, and the trainer-set weight version, read
+# from the database on every turn (it is set on any process or replica; a copy kept here goes stale).
+_SESSION_STATE = select(
+    select(SessionRow.status).where(_SESSION).scalar_subquery().label("status"),
+    select(SessionRow.template_now).where(_SESSION).scalar_subquery().label("template_now"),
+    select(SettingRow.value)
+    .where(SettingRow.key == WEIGHT_VERSION_KEY)
+    .scalar_subquery()
+    .label("weight_version"),
 )
 # Completed calls whose conversation (request + reply) has this key, newest first.
 _WITH_HISTORY = _CONTINUED.where(
@@ -127,18 +135,18 @@ _LATEST_ANSWERED = (
     .order_by(CallRow.id.desc())
     .limit(bindparam("limit", type_=Integer))
 )
-_SEGMENT = (
-    select(
-        CallRow.id,
-        CallRow.parent_id,
-        CallRow.prompt_added,
-        CallRow.output_ids,
-        CallRow.request,
-        CallRow.response_message,
-    )
-    .where(CallRow.segment_id == bindparam("segment"))
-    .order_by(CallRow.id)
+_SEGMENT_COLUMNS = select(
+    CallRow.id,
+    CallRow.parent_id,
+    CallRow.prompt_added,
+    CallRow.output_ids,
+    CallRow.request,
+    CallRow.response_message,
 )
+_SEGMENT = _SEGMENT_COLUMNS.where(CallRow.segment_id == bindparam("segment")).order_by(CallRow.id)
+# A segment's tree alone (a few bytes a call), and then only the calls a rebuild lacks.
+_SEGMENT_LINKS = select(CallRow.id, CallRow.parent_id).where(CallRow.segment_id == bindparam("segment"))
+_CALLS_BY_ID = _SEGMENT_COLUMNS.where(CallRow.id.in_(bindparam("ids", expanding=True))).order_by(CallRow.id)
 
 
 _SESSIONS = cast(Table, SessionRow.__table__)
@@ -241,8 +249,13 @@ class TurnStore(abc.ABC):
             raise
 
     async def session_state(self, session_id: str) -> SessionState | None:
-        rows = await self._read(_SESSION_STATE, {"session": session_id})
-        return SessionState(status=rows[0].status, template_now=rows[0].template_now) if rows else None
+        return (await self.turn_start(session_id))[0]
+
+    async def turn_start(self, session_id: str) -> tuple[SessionState | None, str | None]:
+        """The session's state (None before its first call) and the trainer-set weight version."""
+        [row] = await self._read(_SESSION_STATE, {"session": session_id})
+        state = None if row.status is None else SessionState(status=row.status, template_now=row.template_now)
+        return state, row.weight_version
 
     async def calls_with_history(self, session_id: str, history_key: str) -> list[ContinuedCall]:
         rows = await self._read(_WITH_HISTORY, {"session": session_id, "key": history_key})
@@ -254,6 +267,14 @@ class TurnStore(abc.ABC):
 
     async def segment_rows(self, segment_id: int) -> list[SegmentCall]:
         return [SegmentCall(*row) for row in await self._read(_SEGMENT, {"segment": segment_id})]
+
+    async def segment_links(self, segment_id: int) -> dict[int, int | None]:
+        """Each call of the segment: its parent's id."""
+        return {row.id: row.parent_id for row in await self._read(_SEGMENT_LINKS, {"segment": segment_id})}
+
+    async def calls(self, call_ids: Sequence[int]) -> list[SegmentCall]:
+        """These calls, oldest first."""
+        return [SegmentCall(*row) for row in await self._read(_CALLS_BY_ID, {"ids": list(call_ids)})]
 
 
 class AsyncTurnStore(TurnStore):

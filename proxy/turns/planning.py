@@ -23,7 +23,7 @@ from proxy.chat.renderer import LARGE_TEXT_CHARS, Delta, DeltaUnavailable, Promp
 from proxy.engines.base import Engine, SamplingParams
 from proxy.errors import ContextLengthExceeded, InvalidRequest
 from proxy.store.codec import unpack_ids
-from proxy.store.prompts import ContextCache, Recorded, rebuild, text_chars
+from proxy.store.prompts import ContextCache, Recorded, extend, text_chars
 from proxy.store.turn_store import ContinuedCall, TurnStore
 from proxy.turns.budget import bounded_sampling
 from proxy.turns.request import PromptPlan, TurnRequest
@@ -122,9 +122,26 @@ class TurnPlanner:
     async def _recorded(self, call: ContinuedCall) -> Recorded:
         found = self.contexts.get(call.id)
         if found is None:
-            found = rebuild(await self.store.segment_rows(call.segment_id), call.id)
+            found = await self._rebuilt(call)
             self.contexts.put(call.id, found)
         return found
+
+    async def _rebuilt(self, call: ContinuedCall) -> Recorded:
+        """The context of a call this process has not cached (another worker or replica recorded
+        it, or it was evicted): from its nearest cached ancestor, reading only the calls after it
+        (with turns alternating between two replicas, one call), else from the segment's root."""
+        parents = await self.store.segment_links(call.segment_id)
+        missing: list[int] = []
+        current: int | None = call.id
+        base = None
+        while current is not None:
+            base = self.contexts.get(current)
+            if base is not None:
+                break
+            missing.append(current)
+            current = parents[current]
+        by_id = {row.id: row for row in await self.store.calls(missing)}
+        return extend(base, [by_id[call_id] for call_id in reversed(missing)])
 
     async def _plan_messages(
         self,

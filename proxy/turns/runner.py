@@ -49,7 +49,8 @@ class TurnRunner:
         self.store = store
         self.context_length = context_length
         self.history_mode = history_mode
-        # Set by the trainer (POST /admin/weight_version); used when the engine reports no version.
+        # Recorded when the engine reports no version and the trainer set none (POST
+        # /admin/weight_version, kept in the database and read every turn): the engine's at start.
         self.trainer_weight_version: str | None = None
         self.parser = parser or choose_parser(renderer)[0]
         self.contexts = contexts or ContextCache()
@@ -93,7 +94,7 @@ class TurnRunner:
     async def prepare(self, session_id: str, request: TurnRequest) -> PreparedTurn:
         """Everything before the engine call: the session, the prompt ids, bounded sampling."""
         started = self._clock()
-        session = await self.store.session_state(session_id)
+        session, trainer_version = await self.store.turn_start(session_id)
         if session is not None and session.status == "finished":
             raise SessionFinished(f"session {session_id!r} is finished; start a new one", param="session_id")
         # A new session pins the date it is first rendered with; it is created with its first call.
@@ -105,8 +106,8 @@ class TurnRunner:
             plan=plan,
             params=params,
             template_now=template_now,
-            # The trainer-set version current when the call goes out.
-            dispatched_version=self.trainer_weight_version,
+            # The trainer-set version current when the call goes out, whichever process set it.
+            dispatched_version=trainer_version or self.trainer_weight_version,
             started=started,
             rendered=self._clock(),
             reasoning_open=self.answers.reasoning_open(plan.prompt),
