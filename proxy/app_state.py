@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
 
+from proxy.api.message_prefix import MessagePrefixes
 from proxy.api.retries import RetryGuard
 from proxy.chat.call_format import ToolParserReport
 from proxy.chat.renderer import Renderer
@@ -29,6 +30,8 @@ class AppState:
     context_length: int | None
     retries: RetryGuard = field(default_factory=RetryGuard)
     tool_parser: ToolParserReport | None = None  # which parser reads the template's calls
+    # Chat histories already validated, per session: a resent history is not validated again.
+    message_prefixes: MessagePrefixes = field(default_factory=MessagePrefixes)
     # When this process started serving (Unix seconds, UTC): /v1/models' `created`.
     started_at: int = field(default_factory=lambda: int(time.time()))
 

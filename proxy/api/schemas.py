@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
+from proxy.chat.messages import canonical_json
 from proxy.errors import InvalidRequest, UnsupportedParameter
 from proxy.json_limits import MAX_JSON_DEPTH, too_deep
 
@@ -63,6 +72,9 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    # Derived once: a session's history is resent (and reused, proxy/api/message_prefix.py) every turn.
+    _plain: dict[str, Any] | None = PrivateAttr(default=None)
+    _canonical: bytes | None = PrivateAttr(default=None)
 
     def text_content(self) -> str | None:
         if not isinstance(self.content, list):
@@ -78,7 +90,18 @@ class ChatMessage(BaseModel):
         return "\n".join(texts)
 
     def as_plain(self) -> dict[str, Any]:
-        """The message as the renderer and the record hold it."""
+        """The message as the renderer and the record hold it (shared: nothing changes a message)."""
+        if self._plain is None:
+            self._plain = self._plain_form()
+        return self._plain
+
+    def canonical_json(self) -> bytes:
+        """The plain message's canonical form, as history keys write it."""
+        if self._canonical is None:
+            self._canonical = canonical_json(self.as_plain())
+        return self._canonical
+
+    def _plain_form(self) -> dict[str, Any]:
         role = "system" if self.role == "developer" else self.role
         message: dict[str, Any] = {"role": role, "content": self.text_content()}
         if self.name is not None:

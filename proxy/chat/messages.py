@@ -128,6 +128,29 @@ def key_of_canonical(
     return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+def canonical_json(message: Mapping[str, Any]) -> bytes:
+    """A message's canonical form as history keys write it; a request's unchanged history keeps its
+    own (proxy/api/message_prefix.py), so a key costs one hash, not a walk of every message."""
+    return orjson.dumps(canonical(message), option=orjson.OPT_SORT_KEYS)
+
+
+def key_of_json(
+    canonical_parts: Sequence[bytes],
+    tools: Sequence[Mapping[str, Any]] | None,
+    template_kwargs: Mapping[str, Any] | None,
+) -> str:
+    """key_of_canonical from each message's canonical_json: the same bytes are hashed (orjson writes
+    a list as its items' own texts joined by commas, without spaces)."""
+    digest = hashlib.sha256(b"[[")
+    digest.update(b",".join(canonical_parts))
+    digest.update(b"],")
+    digest.update(orjson.dumps(list(tools or []), option=orjson.OPT_SORT_KEYS))
+    digest.update(b",")
+    digest.update(orjson.dumps(dict(template_kwargs or {}), option=orjson.OPT_SORT_KEYS))
+    digest.update(b"]")
+    return digest.hexdigest()
+
+
 def reasoning_consistent(echoed: Mapping[str, Any], recorded: Mapping[str, Any]) -> bool:
     """A missing reasoning_content counts as unchanged (clients drop it); a present one must be ours."""
     if echoed.get(UNVERIFIED_REASONING):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from proxy.chat.messages import Message, canonical
+from proxy.chat.messages import Message, canonical_json
 from proxy.chat.parsing import OutputParser, ParsedOutput
 from proxy.engines.base import Generation, SamplingParams
 from proxy.store.codec import IdArray
@@ -33,15 +33,19 @@ class TurnRequest:
     prompt_ids: list[int] | None = None
     # The wire format the request came in (proxy/dialects/), recorded with the call; nothing else reads it.
     dialect: str = "chat"
+    # Each message's canonical_json when the dialect already has them (a history it saw before).
+    known_canonical: list[bytes] | None = None
 
     @property
     def is_completion(self) -> bool:
         return self.prompt_ids is not None
 
     @functools.cached_property
-    def canonical_messages(self) -> list[list[Any]]:
+    def canonical_parts(self) -> list[bytes]:
         """The messages in matching form, once: both the parent lookup and the new call key on them."""
-        return [canonical(m) for m in self.messages]
+        if self.known_canonical is not None:
+            return self.known_canonical
+        return [canonical_json(m) for m in self.messages]
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from proxy.chat.messages import history_key, reasoning_consistent
+from typing import Any
+
+from proxy.chat.messages import canonical_json, history_key, key_of_json, reasoning_consistent
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1, "b": [1, 2]}'}}
 
@@ -48,3 +50,22 @@ def test_missing_reasoning_counts_as_unchanged_but_edited_reasoning_does_not() -
     assert not reasoning_consistent(
         {"role": "assistant", "content": "a", "reasoning_content": "other"}, recorded
     )
+
+
+def test_key_from_each_message_json_is_the_stored_history_key() -> None:
+    """Keys are stored: the per-message form (a known history is not walked again) hashes the same bytes."""
+    conversation: list[dict[str, Any]] = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q \u00e9 \u6f22"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": ""},
+    ]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"b": 1, "a": [2]}}}]
+    cases: list[tuple[list[dict[str, Any]], Any, Any]] = [
+        (conversation, tools, {"z": 1, "a": None}),
+        (conversation[:1], None, None),
+        ([], [], {}),
+    ]
+    for messages, listed, kwargs in cases:
+        parts = [canonical_json(m) for m in messages]
+        assert key_of_json(parts, listed, kwargs) == history_key(messages, listed, kwargs)

@@ -1,0 +1,72 @@
+"""A resent chat history is validated once: reused only when its messages are written the same."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.api.message_prefix import MessagePrefixes
+from proxy.api.schemas import ChatCompletionRequest
+
+
+def _call(arguments: Any) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}],
+    }
+
+
+def _body(*messages: dict[str, Any]) -> dict[str, Any]:
+    return {"model": "m", "messages": list(messages), "max_tokens": 8}
+
+
+USER = {"role": "user", "content": "hi"}
+TOOL = {"role": "tool", "tool_call_id": "c1", "content": "ok"}
+
+
+def test_known_history_is_reused_and_equals_a_full_validation() -> None:
+    prefixes = MessagePrefixes()
+    first = prefixes.validate("s", _body(USER, _call({"a": 1})))
+    second = prefixes.validate("s", _body(USER, _call({"a": 1}), TOOL))
+    assert first is not None
+    assert second is not None
+    assert second.messages[0] is first.messages[0]
+    assert second.messages[1] is first.messages[1]
+    full = ChatCompletionRequest.model_validate(_body(USER, _call({"a": 1}), TOOL))
+    assert [m.as_plain() for m in second.messages] == [m.as_plain() for m in full.messages]
+    assert [m.canonical_json() for m in second.messages] == [m.canonical_json() for m in full.messages]
+
+
+def test_a_history_written_differently_is_validated_again() -> None:
+    prefixes = MessagePrefixes()
+    first = prefixes.validate("s", _body(USER, _call({"a": 1})))
+    # `true == 1` in Python, but it is another argument value: nothing of the old request is reused.
+    second = prefixes.validate("s", _body(USER, _call({"a": True}), TOOL))
+    assert first is not None
+    assert second is not None
+    assert second.messages[1] is not first.messages[1]
+    assert second.messages[1].as_plain()["tool_calls"][0]["function"]["arguments"] == '{"a":true}'
+    other_session = prefixes.validate("t", _body(USER, _call({"a": 1}), TOOL))
+    assert other_session is not None
+    assert other_session.messages[0] is not first.messages[0]
+
+
+def test_anything_invalid_is_left_to_the_full_validation() -> None:
+    prefixes = MessagePrefixes()
+    assert prefixes.validate("s", _body(USER)) is not None
+    assert prefixes.validate("s", _body(USER, {"role": "robot", "content": "x"})) is None
+    assert prefixes.validate("s", _body({"role": "user"}, USER)) is not None  # content is optional
+    assert prefixes.validate("s", _body({"role": "user", "content": 3}, USER, USER)) is None
+    assert prefixes.validate("s", {"model": "m", "messages": []}) is None
+    assert prefixes.validate("s", ["not", "an", "object"]) is None
+    assert prefixes.validate(None, _body(USER)) is None
+
+
+def test_memory_is_bounded() -> None:
+    prefixes = MessagePrefixes(max_entries=2, max_bytes=4096)
+    for session in "abc":
+        prefixes.validate(session, _body(USER))
+    assert len(prefixes) == 2
+    prefixes.validate("big", _body({"role": "user", "content": "x" * 2000}))
+    assert len(prefixes) == 2
+    assert prefixes.bytes <= 4096
