@@ -17,13 +17,13 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from proxy.api.schemas import ChatCompletionRequest, ChatMessage
+from proxy.api.schemas import ChatCompletionRequest
 
 
 @dataclass(frozen=True)
 class _Known:
     written: bytes  # orjson's text of the raw message list
-    messages: list[ChatMessage]  # their validated models
+    body: ChatCompletionRequest  # the request that sent them, validated
 
 
 class MessagePrefixes:
@@ -47,10 +47,10 @@ class MessagePrefixes:
             return None
         known = self._entries.get(session_id)
         start, written = 0, b""
-        if known is not None and len(known.messages) < len(messages):
-            prefix = _written(messages[: len(known.messages)])
+        if known is not None and len(known.body.messages) < len(messages):
+            prefix = _written(messages[: len(known.body.messages)])
             if prefix is not None and prefix == known.written:
-                start, written = len(known.messages), prefix
+                start, written = len(known.body.messages), prefix
         try:
             body = ChatCompletionRequest.model_validate(
                 {**data, "messages": messages[start:]} if start else data
@@ -59,12 +59,13 @@ class MessagePrefixes:
             return None
         if start:
             assert known is not None
-            body.messages = [*known.messages, *body.messages]
-        self._remember(session_id, messages, start, written, body.messages)
+            body.messages = [*known.body.messages, *body.messages]
+            body.reuse_forms(known.body)
+        self._remember(session_id, messages, start, written, body)
         return body
 
     def _remember(
-        self, session_id: str, raw: list[Any], start: int, prefix: bytes, messages: list[ChatMessage]
+        self, session_id: str, raw: list[Any], start: int, prefix: bytes, body: ChatCompletionRequest
     ) -> None:
         tail = _written(raw[start:])
         self.drop(session_id)
@@ -74,7 +75,7 @@ class MessagePrefixes:
         written = prefix[:-1] + b"," + tail[1:] if start else tail
         if len(written) > self._max_bytes // 4:
             return
-        self._entries[session_id] = _Known(written, messages)
+        self._entries[session_id] = _Known(written, body)
         self.bytes += len(written)
         while self.bytes > self._max_bytes or len(self._entries) > self._max_entries:
             self.drop(next(iter(self._entries)))

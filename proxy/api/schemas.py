@@ -72,9 +72,6 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
-    # Derived once: a session's history is resent (and reused, proxy/api/message_prefix.py) every turn.
-    _plain: dict[str, Any] | None = PrivateAttr(default=None)
-    _canonical: bytes | None = PrivateAttr(default=None)
 
     def text_content(self) -> str | None:
         if not isinstance(self.content, list):
@@ -90,18 +87,7 @@ class ChatMessage(BaseModel):
         return "\n".join(texts)
 
     def as_plain(self) -> dict[str, Any]:
-        """The message as the renderer and the record hold it (shared: nothing changes a message)."""
-        if self._plain is None:
-            self._plain = self._plain_form()
-        return self._plain
-
-    def canonical_json(self) -> bytes:
-        """The plain message's canonical form, as history keys write it."""
-        if self._canonical is None:
-            self._canonical = canonical_json(self.as_plain())
-        return self._canonical
-
-    def _plain_form(self) -> dict[str, Any]:
+        """The message as the renderer and the record hold it."""
         role = "system" if self.role == "developer" else self.role
         message: dict[str, Any] = {"role": role, "content": self.text_content()}
         if self.name is not None:
@@ -125,6 +111,10 @@ class ChatMessage(BaseModel):
         if self.reasoning_content is not None:
             message["reasoning_content"] = self.reasoning_content
         return message
+
+
+# (plain messages, their canonical_json), in message order.
+MessageForms = tuple[list[dict[str, Any]], list[bytes]]
 
 
 def _dumps(value: Any) -> str:
@@ -213,6 +203,24 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool | None = None
     response_format: Annotated[dict[str, Any] | None, Shallow] = None
     chat_template_kwargs: Annotated[dict[str, Any] | None, Shallow] = None
+    # The plain and canonical forms of the first messages, taken from the session's previous request
+    # when it sent the same ones (proxy/api/message_prefix.py); then this request's, once derived.
+    _reused_forms: MessageForms = PrivateAttr(default=([], []))
+    _forms: MessageForms | None = PrivateAttr(default=None)
+
+    def message_forms(self) -> MessageForms:
+        """Each message as the renderer and the record hold it (as_plain: shared, nothing changes a
+        message), and its canonical_json; a reused history's are not derived again."""
+        if self._forms is None:
+            plain, canonical = self._reused_forms
+            added = [message.as_plain() for message in self.messages[len(plain) :]]
+            self._forms = ([*plain, *added], [*canonical, *(canonical_json(m) for m in added)])
+        return self._forms
+
+    def reuse_forms(self, earlier: ChatCompletionRequest) -> None:
+        """Take the message forms of `earlier`, whose messages are the first of this request's."""
+        if earlier._forms is not None:
+            self._reused_forms = earlier._forms
 
     def check_supported(self) -> None:
         super().check_supported()

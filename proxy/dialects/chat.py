@@ -95,9 +95,10 @@ def _turn_request(
         state=state,
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
     )
+    plain, canonical = body.message_forms()
     return TurnRequest(
-        messages=[m.as_plain() for m in body.messages],
-        known_canonical=[m.canonical_json() for m in body.messages],
+        messages=plain,
+        known_canonical=canonical,
         tools=tools,
         template_kwargs=body.chat_template_kwargs or None,
         sampling=replace(params, constraint=_constraint(body, state, tools)),
