@@ -38,6 +38,12 @@ log = logging.getLogger("tito_proxy.store")
 
 # Turns committed together at most: bounds one transaction's size when hundreds wait.
 MAX_GROUP = 256
+# How often, at most, the WAL is checkpointed while turns are written (SQLite's own default, every
+# 1,000 pages, is ~1 s of a busy proxy's commits).
+CHECKPOINT_EVERY_S = 0.5
+# A WAL this long (in pages) is checkpointed by the writer itself, between two commits: under writes
+# that never pause, the checkpointer's copies never catch up and the WAL would only grow.
+WAL_LIMIT_PAGES = 4_000
 
 
 @dataclass(frozen=True)
@@ -416,6 +422,15 @@ class SqliteTurnStore(TurnStore):
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_loop, name="tito-turn-writer", daemon=True)
         self._writer.start()
+        # WAL checkpoints run here, off the writer: SQLite would run one inside a commit every ~1,000
+        # pages, and every turn waiting on that commit would wait for the copy and its fsync.
+        self._wal_written = threading.Event()
+        self._wal_long = False  # the checkpointer found more pages than WAL_LIMIT_PAGES
+        self._stopping = False
+        self._checkpointer = threading.Thread(
+            target=self._checkpoint_loop, name="tito-wal-checkpoint", daemon=True
+        )
+        self._checkpointer.start()
 
     async def _rows(self, query: Query, params: dict[str, Any]) -> Sequence[Any]:
         compiled = self._compiled.get(id(query))
@@ -440,11 +455,28 @@ class SqliteTurnStore(TurnStore):
     async def close(self) -> None:
         self._queue.put(None)
         await asyncio.to_thread(self._writer.join)
+        self._stopping = True
+        self._wal_written.set()
+        await asyncio.to_thread(self._checkpointer.join)
         self._reader.close()
         self._engine.dispose()
 
+    def _checkpoint_loop(self) -> None:
+        """Copies committed WAL frames into the database file (PASSIVE: it never blocks the writer or
+        a reader), at most every CHECKPOINT_EVERY_S while turns are written."""
+        with self._engine.connect() as db:
+            raw = cast(sqlite3.Connection, db.connection.dbapi_connection)
+            while not self._stopping:
+                self._wal_written.wait()
+                self._wal_written.clear()
+                self._wal_long = _checkpoint(raw) > WAL_LIMIT_PAGES
+                time.sleep(0 if self._stopping else CHECKPOINT_EVERY_S)
+
     def _write_loop(self) -> None:
         with self._engine.connect() as db:
+            # Checkpoints are the checkpointer's (above); a commit never runs one.
+            raw = cast(sqlite3.Connection, db.connection.dbapi_connection)
+            raw.execute("PRAGMA wal_autocheckpoint=0")
             while True:
                 first = self._queue.get()
                 if first is None:
@@ -460,8 +492,11 @@ class SqliteTurnStore(TurnStore):
                         stopping = True
                         break
                     group.append(waiting)
+                if self._wal_long:
+                    self._wal_long = _checkpoint(raw) > WAL_LIMIT_PAGES
                 began = time.perf_counter()
                 self._commit(db, group)
+                self._wal_written.set()
                 if self.on_commit is not None:
                     self.on_commit(len(group), time.perf_counter() - began)
                 if stopping:
@@ -489,6 +524,16 @@ class SqliteTurnStore(TurnStore):
             pending.loop.call_soon_threadsafe(_settle, pending.future, call_ids, error)
         except RuntimeError:  # the loop has closed: nobody waits for this answer any more
             log.warning("a turn's write ended (%s) after its event loop closed", error or "committed")
+
+
+def _checkpoint(db: sqlite3.Connection) -> int:
+    """A PASSIVE checkpoint (it waits for no reader or writer); returns the WAL's length in pages."""
+    try:
+        _, pages, _ = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    except sqlite3.Error as exc:  # the next commit asks again
+        log.warning("WAL checkpoint failed: %s", exc)
+        return 0
+    return int(pages)
 
 
 def open_turn_store(url: str, engine: AsyncEngine) -> TurnStore:
