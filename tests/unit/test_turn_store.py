@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from collections.abc import Callable
 from datetime import datetime
@@ -12,8 +13,8 @@ import pytest
 from sqlalchemy import Engine, event
 
 from proxy.errors import Conflict, SessionFinished
-from proxy.store.database import create_engine, upgrade_blocking
 from proxy.store import turn_store
+from proxy.store.database import create_engine, upgrade_blocking
 from proxy.store.turn_store import AsyncTurnStore, SqliteTurnStore, TurnStore
 from tests.turn_writes import turn_write
 
@@ -204,7 +205,7 @@ def _write_many(db: Path, turns: int) -> tuple[int, int]:
             for i in range(turns):
                 await store.record(turn_write(f"s{i % 20}", content="x" * 3000))
             await asyncio.sleep(0.3)  # the checkpointer's last pass
-            return Path(f"{db}-wal").stat().st_size, db.stat().st_size
+            return os.path.getsize(f"{db}-wal"), os.path.getsize(db)
         finally:
             await store.close()
 
