@@ -196,6 +196,10 @@ def test_a_turn_of_a_finished_session_is_refused_at_its_commit_and_others_commit
     assert per_session == {"done": 1, "a": 1, "b": 1}  # nothing of the refused turn
 
 
+def _sizes(db: Path) -> tuple[int, int]:
+    return os.path.getsize(f"{db}-wal"), os.path.getsize(db)
+
+
 def _write_many(db: Path, turns: int) -> tuple[int, int]:
     """Back-to-back turns of ~3 KB; returns the WAL's and the database file's sizes before closing."""
 
@@ -205,7 +209,7 @@ def _write_many(db: Path, turns: int) -> tuple[int, int]:
             for i in range(turns):
                 await store.record(turn_write(f"s{i % 20}", content="x" * 3000))
             await asyncio.sleep(0.3)  # the checkpointer's last pass
-            return os.path.getsize(f"{db}-wal"), os.path.getsize(db)
+            return await asyncio.to_thread(_sizes, db)
         finally:
             await store.close()
 
