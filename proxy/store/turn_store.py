@@ -40,7 +40,10 @@ log = logging.getLogger("tito_proxy.store")
 MAX_GROUP = 256
 # How often, at most, the WAL is checkpointed while turns are written (SQLite's own default, every
 # 1,000 pages, is ~1 s of a busy proxy's commits).
-CHECKPOINT_EVERY_S = 0.5
+CHECKPOINT_EVERY_S = 1.0
+# Commits between two checkpoints at least: each checkpoint syncs the database file, and SQLite's
+# own default (a checkpoint per 1,000 pages) is some dozens of commits.
+CHECKPOINT_AFTER_COMMITS = 32
 # A WAL this long (in pages) is checkpointed by the writer itself, between two commits: under writes
 # that never pause, the checkpointer's copies never catch up and the WAL would only grow.
 WAL_LIMIT_PAGES = 4_000
@@ -424,7 +427,8 @@ class SqliteTurnStore(TurnStore):
         self._writer.start()
         # WAL checkpoints run here, off the writer: SQLite would run one inside a commit every ~1,000
         # pages, and every turn waiting on that commit would wait for the copy and its fsync.
-        self._wal_written = threading.Event()
+        self._wal_written = threading.Event()  # set every CHECKPOINT_AFTER_COMMITS commits
+        self._commits = 0  # since the last signal; the writer's own
         self._wal_long = False  # the checkpointer found more pages than WAL_LIMIT_PAGES
         self._stopping = False
         self._checkpointer = threading.Thread(
@@ -463,7 +467,7 @@ class SqliteTurnStore(TurnStore):
 
     def _checkpoint_loop(self) -> None:
         """Copies committed WAL frames into the database file (PASSIVE: it never blocks the writer or
-        a reader), at most every CHECKPOINT_EVERY_S while turns are written."""
+        a reader), every CHECKPOINT_AFTER_COMMITS commits and at most every CHECKPOINT_EVERY_S."""
         with self._engine.connect() as db:
             raw = cast(sqlite3.Connection, db.connection.dbapi_connection)
             while not self._stopping:
@@ -496,7 +500,10 @@ class SqliteTurnStore(TurnStore):
                     self._wal_long = _checkpoint(raw) > WAL_LIMIT_PAGES
                 began = time.perf_counter()
                 self._commit(db, group)
-                self._wal_written.set()
+                self._commits += 1
+                if self._commits >= CHECKPOINT_AFTER_COMMITS:
+                    self._commits = 0
+                    self._wal_written.set()
                 if self.on_commit is not None:
                     self.on_commit(len(group), time.perf_counter() - began)
                 if stopping:

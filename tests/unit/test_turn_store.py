@@ -220,6 +220,7 @@ def test_the_wal_is_checkpointed_off_the_writer(db: Path, monkeypatch: pytest.Mo
     """Commits never run a checkpoint (every turn waiting on one would wait for its copy and fsync):
     the checkpointer thread copies the WAL into the database file."""
     monkeypatch.setattr(turn_store, "CHECKPOINT_EVERY_S", 0.01)
+    monkeypatch.setattr(turn_store, "CHECKPOINT_AFTER_COMMITS", 4)
     monkeypatch.setattr(turn_store, "WAL_LIMIT_PAGES", 1_000_000)  # the writer never checkpoints
     before = db.stat().st_size
     _, after = _write_many(db, 40)
@@ -234,6 +235,7 @@ def test_a_wal_the_checkpointer_cannot_keep_short_is_checkpointed_by_the_writer(
     """Writes that never pause leave the checkpointer's copies behind; past WAL_LIMIT_PAGES the
     writer checkpoints between two commits, so the WAL stays bounded."""
     monkeypatch.setattr(turn_store, "CHECKPOINT_EVERY_S", 0.01)
+    monkeypatch.setattr(turn_store, "CHECKPOINT_AFTER_COMMITS", 4)
     monkeypatch.setattr(turn_store, "WAL_LIMIT_PAGES", 50)
     wal, _ = _write_many(db, 300)
     assert wal < 4 * 1024 * 1024  # unbounded, 300 such turns leave ~15 MB
