@@ -15,7 +15,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from proxy.chat.messages import canonical_json
+from proxy.chat.messages import HistoryHash, canonical_json
 from proxy.errors import InvalidRequest, UnsupportedParameter
 from proxy.json_limits import MAX_JSON_DEPTH, too_deep
 
@@ -207,6 +207,8 @@ class ChatCompletionRequest(SamplingRequest):
     # when it sent the same ones (proxy/api/message_prefix.py); then this request's, once derived.
     _reused_forms: MessageForms = PrivateAttr(default=([], []))
     _forms: MessageForms | None = PrivateAttr(default=None)
+    _reused_hash: HistoryHash | None = PrivateAttr(default=None)
+    _hash: HistoryHash | None = PrivateAttr(default=None)
 
     def message_forms(self) -> MessageForms:
         """Each message as the renderer and the record hold it (as_plain: shared, nothing changes a
@@ -217,10 +219,17 @@ class ChatCompletionRequest(SamplingRequest):
             self._forms = ([*plain, *added], [*canonical, *(canonical_json(m) for m in added)])
         return self._forms
 
+    def history_hash(self) -> HistoryHash:
+        """The running hash of the messages' canonical forms (it keys history lookups and calls)."""
+        if self._hash is None:
+            self._hash = HistoryHash(self.message_forms()[1], start=self._reused_hash)
+        return self._hash
+
     def reuse_forms(self, earlier: ChatCompletionRequest) -> None:
         """Take the message forms of `earlier`, whose messages are the first of this request's."""
         if earlier._forms is not None:
             self._reused_forms = earlier._forms
+            self._reused_hash = earlier._hash
 
     def check_supported(self) -> None:
         super().check_supported()

@@ -99,6 +99,7 @@ def _turn_request(
     return TurnRequest(
         messages=plain,
         known_canonical=canonical,
+        known_hash=body.history_hash(),
         tools=tools,
         template_kwargs=body.chat_template_kwargs or None,
         sampling=replace(params, constraint=_constraint(body, state, tools)),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.chat.messages import canonical_json, history_key, key_of_json, reasoning_consistent
+from proxy.chat.messages import HistoryHash, canonical_json, history_key, key_of_json, reasoning_consistent
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1, "b": [1, 2]}'}}
 
@@ -69,3 +69,18 @@ def test_key_from_each_message_json_is_the_stored_history_key() -> None:
     for messages, listed, kwargs in cases:
         parts = [canonical_json(m) for m in messages]
         assert key_of_json(parts, listed, kwargs) == history_key(messages, listed, kwargs)
+
+
+def test_a_running_history_hash_gives_the_same_keys() -> None:
+    """A request's keys from the running digest its session's previous request handed on."""
+    parts = [canonical_json({"role": "user", "content": f"m{i}"}) for i in range(6)]
+    reply = canonical_json({"role": "assistant", "content": "r"})
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    earlier = HistoryHash(parts[:3])
+    assert earlier.key(3, reply, tools, None) == key_of_json([*parts[:3], reply], tools, None)
+    later = HistoryHash(parts, start=earlier)
+    for count in (6, 4, 3, 1, 0):  # forward, then behind the running digest
+        for tail in (None, reply):
+            expected = key_of_json([*parts[:count], *([tail] if tail else [])], tools, {"k": 1})
+            assert later.key(count, tail, tools, {"k": 1}) == expected
+    assert HistoryHash(parts).key(0, None, None, None) == key_of_json([], None, None)

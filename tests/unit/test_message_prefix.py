@@ -37,6 +37,12 @@ def test_known_history_is_reused_and_equals_a_full_validation() -> None:
     assert second.message_forms()[1][:2] == canonical
     full = ChatCompletionRequest.model_validate(_body(USER, _call({"a": 1}), TOOL))
     assert second.message_forms() == full.message_forms()
+    # Keys from the running hash the first request handed on, as a fresh request computes them.
+    first.history_hash().key(2, None, None, None)
+    for count in (3, 2):
+        assert second.history_hash().key(count, b'"x"', None, None) == full.history_hash().key(
+            count, b'"x"', None, None
+        )
 
 
 def test_a_history_written_differently_is_validated_again() -> None:
