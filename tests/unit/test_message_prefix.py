@@ -29,6 +29,7 @@ def test_known_history_is_reused_and_equals_a_full_validation() -> None:
     first = prefixes.validate("s", _body(USER, _call({"a": 1})))
     assert first is not None
     plain, canonical = first.message_forms()
+    first.history_hash().key(2, None, None, None)  # as its turn keyed it: the running hash is at 2
     second = prefixes.validate("s", _body(USER, _call({"a": 1}), TOOL))
     assert second is not None
     assert second.messages[0] is first.messages[0]
@@ -38,7 +39,7 @@ def test_known_history_is_reused_and_equals_a_full_validation() -> None:
     full = ChatCompletionRequest.model_validate(_body(USER, _call({"a": 1}), TOOL))
     assert second.message_forms() == full.message_forms()
     # Keys from the running hash the first request handed on, as a fresh request computes them.
-    first.history_hash().key(2, None, None, None)
+    assert second._reused_hash is first.history_hash()
     for count in (3, 2):
         assert second.history_hash().key(count, b'"x"', None, None) == full.history_hash().key(
             count, b'"x"', None, None
