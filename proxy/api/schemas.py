@@ -205,7 +205,7 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template_kwargs: Annotated[dict[str, Any] | None, Shallow] = None
     # The plain and canonical forms of the first messages, taken from the session's previous request
     # when it sent the same ones (proxy/api/message_prefix.py); then this request's, once derived.
-    _reused_forms: MessageForms = PrivateAttr(default=([], []))
+    _reused_forms: MessageForms | None = PrivateAttr(default=None)
     _forms: MessageForms | None = PrivateAttr(default=None)
     _reused_hash: HistoryHash | None = PrivateAttr(default=None)
     _hash: HistoryHash | None = PrivateAttr(default=None)
@@ -214,7 +214,7 @@ class ChatCompletionRequest(SamplingRequest):
         """Each message as the renderer and the record hold it (as_plain: shared, nothing changes a
         message), and its canonical_json; a reused history's are not derived again."""
         if self._forms is None:
-            plain, canonical = self._reused_forms
+            plain, canonical = self._reused_forms or ([], [])
             added = [message.as_plain() for message in self.messages[len(plain) :]]
             self._forms = ([*plain, *added], [*canonical, *(canonical_json(m) for m in added)])
         return self._forms
