@@ -9,6 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
 
 from proxy.api.model_names import ModelNames
+from proxy.api.message_prefix import MessagePrefixes
 from proxy.api.retries import RetryGuard
 from proxy.chat.call_format import ToolParserReport
 from proxy.chat.renderer import Renderer
@@ -36,6 +37,8 @@ class AppState:
     pool: EnginePool | None = None
     # Seals sampled reasoning under the deployment's secret (configured, or kept in the database).
     sealer: Sealer = field(default_factory=lambda: Sealer(None))
+    # Chat histories already validated, per session: a resent history is not validated again.
+    message_prefixes: MessagePrefixes = field(default_factory=MessagePrefixes)
     # When this process started serving (Unix seconds, UTC): /v1/models' `created`.
     started_at: int = field(default_factory=lambda: int(time.time()))
 

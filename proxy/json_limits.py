@@ -28,6 +28,15 @@ def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether `value` has more than `limit` levels of arrays and objects (a scalar has none)."""
     if not isinstance(value, (dict, list)):
         return False  # most values checked are strings (tool arguments as OpenAI sends them)
+    try:
+        text = orjson.dumps(value)
+    except TypeError:
+        pass  # deeper than orjson writes, or not writable by it: measured below
+    else:
+        # Depth is at most the count of opening brackets (strings may hold some too): a tool list
+        # is cleared by one write and two counts, without building the wrapper below.
+        if text.count(b"[") + text.count(b"{") <= limit:
+            return False
     padding = _ORJSON_DEPTH - limit
     if padding >= 0:
         # orjson refuses to write more than _ORJSON_DEPTH levels, in C: wrapped in `padding` lists,

@@ -21,10 +21,13 @@ class OrjsonRequest(Request):
 
 
 class OrjsonRoute(APIRoute):
+    request_class: type[OrjsonRequest] = OrjsonRequest
+
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        request_class = self.request_class
 
         async def parsed_by_orjson(request: Request) -> Response:
-            return await handler(OrjsonRequest(request.scope, request.receive))
+            return await handler(request_class(request.scope, request.receive))
 
         return parsed_by_orjson

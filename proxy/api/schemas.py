@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
+from proxy.chat.messages import HistoryHash, canonical_json
 from proxy.errors import InvalidRequest, UnsupportedParameter
 from proxy.json_limits import MAX_JSON_DEPTH, too_deep
 
@@ -104,6 +113,10 @@ class ChatMessage(BaseModel):
         return message
 
 
+# (plain messages, their canonical_json), in message order.
+MessageForms = tuple[list[dict[str, Any]], list[bytes]]
+
+
 def _dumps(value: Any) -> str:
     import orjson
 
@@ -190,6 +203,33 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool | None = None
     response_format: Annotated[dict[str, Any] | None, Shallow] = None
     chat_template_kwargs: Annotated[dict[str, Any] | None, Shallow] = None
+    # The plain and canonical forms of the first messages, taken from the session's previous request
+    # when it sent the same ones (proxy/api/message_prefix.py); then this request's, once derived.
+    _reused_forms: MessageForms | None = PrivateAttr(default=None)
+    _forms: MessageForms | None = PrivateAttr(default=None)
+    _reused_hash: HistoryHash | None = PrivateAttr(default=None)
+    _hash: HistoryHash | None = PrivateAttr(default=None)
+
+    def message_forms(self) -> MessageForms:
+        """Each message as the renderer and the record hold it (as_plain: shared, nothing changes a
+        message), and its canonical_json; a reused history's are not derived again."""
+        if self._forms is None:
+            plain, canonical = self._reused_forms or ([], [])
+            added = [message.as_plain() for message in self.messages[len(plain) :]]
+            self._forms = ([*plain, *added], [*canonical, *(canonical_json(m) for m in added)])
+        return self._forms
+
+    def history_hash(self) -> HistoryHash:
+        """The running hash of the messages' canonical forms (it keys history lookups and calls)."""
+        if self._hash is None:
+            self._hash = HistoryHash(self.message_forms()[1], start=self._reused_hash)
+        return self._hash
+
+    def reuse_forms(self, earlier: ChatCompletionRequest) -> None:
+        """Take the message forms of `earlier`, whose messages are the first of this request's."""
+        if earlier._forms is not None:
+            self._reused_forms = earlier._forms
+            self._reused_hash = earlier._hash
 
     def check_supported(self) -> None:
         super().check_supported()

@@ -128,6 +128,69 @@ def key_of_canonical(
     return hashlib.sha256(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+def canonical_json(message: Mapping[str, Any]) -> bytes:
+    """A message's canonical form as history keys write it; a request's unchanged history keeps its
+    own (proxy/api/message_prefix.py), so a key costs one hash, not a walk of every message."""
+    return orjson.dumps(canonical(message), option=orjson.OPT_SORT_KEYS)
+
+
+def key_of_json(
+    canonical_parts: Sequence[bytes],
+    tools: Sequence[Mapping[str, Any]] | None,
+    template_kwargs: Mapping[str, Any] | None,
+) -> str:
+    """key_of_canonical from each message's canonical_json: the same bytes are hashed (orjson writes
+    a list as its items' own texts joined by commas, without spaces)."""
+    digest = hashlib.sha256(b"[[")
+    digest.update(b",".join(canonical_parts))
+    digest.update(b"],")
+    digest.update(orjson.dumps(list(tools or []), option=orjson.OPT_SORT_KEYS))
+    digest.update(b",")
+    digest.update(orjson.dumps(dict(template_kwargs or {}), option=orjson.OPT_SORT_KEYS))
+    digest.update(b"]")
+    return digest.hexdigest()
+
+
+class HistoryHash:
+    """key_of_json over a request's canonical parts, each part hashed once and the running digest
+    handed on: a session's next request, which resends these parts first, starts from it rather than
+    hash its whole history (~100 KB by turn 64) twice a turn."""
+
+    def __init__(self, parts: Sequence[bytes], start: HistoryHash | None = None) -> None:
+        """`start`: the hash of an earlier request whose parts are the first of `parts`."""
+        self.parts = parts
+        self._count, self._state = 0, hashlib.sha256(b"[[")
+        if start is not None and start._count <= len(parts):
+            self._count, self._state = start._count, start._state.copy()
+
+    def key(
+        self,
+        count: int,
+        tail: bytes | None,
+        tools: Sequence[Mapping[str, Any]] | None,
+        template_kwargs: Mapping[str, Any] | None,
+    ) -> str:
+        """key_of_json of the first `count` parts, then `tail` (a reply's canonical_json) if given."""
+        if count < self._count:  # behind the running digest (never on a continued turn)
+            return key_of_json(
+                [*self.parts[:count], *([tail] if tail is not None else [])], tools, template_kwargs
+            )
+        for part in self.parts[self._count : count]:
+            if self._count:
+                self._state.update(b",")
+            self._state.update(part)
+            self._count += 1
+        digest = self._state.copy()
+        if tail is not None:
+            digest.update(b"," + tail if count else tail)
+        digest.update(b"],")
+        digest.update(orjson.dumps(list(tools or []), option=orjson.OPT_SORT_KEYS))
+        digest.update(b",")
+        digest.update(orjson.dumps(dict(template_kwargs or {}), option=orjson.OPT_SORT_KEYS))
+        digest.update(b"]")
+        return digest.hexdigest()
+
+
 def reasoning_consistent(echoed: Mapping[str, Any], recorded: Mapping[str, Any]) -> bool:
     """A missing reasoning_content counts as unchanged (clients drop it); a present one must be ours."""
     if echoed.get(UNVERIFIED_REASONING):

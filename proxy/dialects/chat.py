@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request, Response
 
 from proxy.api.answering import answer
 from proxy.api.deps import SessionIdDep, StateDep
-from proxy.api.json_route import OrjsonRoute
+from proxy.api.json_route import OrjsonRequest, OrjsonRoute
 from proxy.api.logprobs import answered_logprobs, chat_logprobs
 from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import ChatCompletionRequest
@@ -24,7 +24,25 @@ from proxy.engines.base import SamplingParams
 from proxy.errors import UnsupportedParameter
 from proxy.turns import TurnRequest, TurnResult
 
-router = APIRouter(prefix="/v1", tags=["openai"], route_class=OrjsonRoute)
+
+class ChatBodyRequest(OrjsonRequest):
+    """A chat body validated with its session's known history reused (proxy/api/message_prefix.py);
+    FastAPI validates what that does not take, so its errors are unchanged."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            parsed = await super().json()
+            session_id = self.path_params.get("session_id") or self.headers.get("x-session-id")
+            state: AppState = self.app.state.proxy
+            self._json = state.message_prefixes.validate(session_id, parsed) or parsed
+        return self._json
+
+
+class ChatRoute(OrjsonRoute):
+    request_class = ChatBodyRequest
+
+
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=ChatRoute)
 
 
 def sampling_params(
@@ -78,8 +96,11 @@ def _turn_request(
         state=state,
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
     )
+    plain, canonical = body.message_forms()
     return TurnRequest(
-        messages=[m.as_plain() for m in body.messages],
+        messages=plain,
+        known_canonical=canonical,
+        known_hash=body.history_hash(),
         tools=tools,
         template_kwargs=body.chat_template_kwargs or None,
         sampling=replace(params, constraint=_constraint(body, state, tools)),

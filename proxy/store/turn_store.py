@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +25,7 @@ from typing import Any, cast
 import orjson
 from sqlalchemy import Connection, Integer, Select, Table, bindparam, create_engine, event, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -37,6 +38,15 @@ log = logging.getLogger("tito_proxy.store")
 
 # Turns committed together at most: bounds one transaction's size when hundreds wait.
 MAX_GROUP = 256
+# How often, at most, the WAL is checkpointed while turns are written (SQLite's own default, every
+# 1,000 pages, is ~1 s of a busy proxy's commits).
+CHECKPOINT_EVERY_S = 1.0
+# Commits between two checkpoints at least: each checkpoint syncs the database file, and SQLite's
+# own default (a checkpoint per 1,000 pages) is some dozens of commits.
+CHECKPOINT_AFTER_COMMITS = 32
+# A WAL this long (in pages) is checkpointed by the writer itself, between two commits: under writes
+# that never pause, the checkpointer's copies never catch up and the WAL would only grow.
+WAL_LIMIT_PAGES = 4_000
 
 
 @dataclass(frozen=True)
@@ -153,6 +163,7 @@ _SESSIONS = cast(Table, SessionRow.__table__)
 _SEGMENTS = cast(Table, SegmentRow.__table__)
 _CALLS = cast(Table, CallRow.__table__)
 _NEW_CALL_FIELDS = tuple(f.name for f in fields(NewCall))
+_SESSION_KEYS = ("id", "status", "created_at", "updated_at", "template_now", "metadata")
 
 
 def _session_upsert(insert_for: Any) -> Any:
@@ -189,15 +200,7 @@ def write_turns(db: Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
             for session_id, at in first_render.items()
         ],
     ).all()
-    finished = sorted(session_id for session_id, status in statuses if status == "finished")
-    if finished:
-        # The rule: no turn is recorded after its session's finish, so none is missing from the
-        # export that follows it. The whole transaction is refused (the writer retries a group's
-        # other turns alone).
-        raise SessionFinished(
-            f"session {finished[0]!r} was finished while this turn ran; the turn is not recorded",
-            param="session_id",
-        )
+    _refuse_finished(statuses)
     calls = [call for write in writes for call in write.calls]
     rows = [{name: getattr(call, name) for name in _NEW_CALL_FIELDS} | {"created_at": now} for call in calls]
     opening = [row for row in rows if row["segment_id"] is None]  # each opens a segment of its own
@@ -213,6 +216,18 @@ def write_turns(db: Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
         per_write.append(call_ids[start : start + len(write.calls)])
         start += len(write.calls)
     return per_write
+
+
+def _refuse_finished(statuses: Sequence[Any]) -> None:
+    finished = sorted(session_id for session_id, status in statuses if status == "finished")
+    if finished:
+        # The rule: no turn is recorded after its session's finish, so none is missing from the
+        # export that follows it. The whole transaction is refused (the writer retries a group's
+        # other turns alone).
+        raise SessionFinished(
+            f"session {finished[0]!r} was finished while this turn ran; the turn is not recorded",
+            param="session_id",
+        )
 
 
 def recording_error(error: BaseException) -> ProxyError:
@@ -253,9 +268,9 @@ class TurnStore(abc.ABC):
 
     async def turn_start(self, session_id: str) -> tuple[SessionState | None, str | None]:
         """The session's state (None before its first call) and the trainer-set weight version."""
-        [row] = await self._read(_SESSION_STATE, {"session": session_id})
-        state = None if row.status is None else SessionState(status=row.status, template_now=row.template_now)
-        return state, row.weight_version
+        [(status, template_now, weight_version)] = await self._read(_SESSION_STATE, {"session": session_id})
+        state = None if status is None else SessionState(status=status, template_now=template_now)
+        return state, weight_version
 
     async def calls_with_history(self, session_id: str, history_key: str) -> list[ContinuedCall]:
         rows = await self._read(_WITH_HISTORY, {"session": session_id, "key": history_key})
@@ -304,6 +319,91 @@ class AsyncTurnStore(TurnStore):
         return None
 
 
+class _Compiled:
+    """A statement compiled once for SQLite and run on the DBAPI connection, its parameters and
+    columns converted by SQLAlchemy's own types: building and compiling a statement per execution
+    (even from SQLAlchemy's cache) cost more than the indexed read or the insert itself."""
+
+    def __init__(self, statement: Any, dialect: Dialect, column_keys: Sequence[str] | None = None) -> None:
+        compiled = statement.compile(dialect=dialect, column_keys=list(column_keys or ()) or None)
+        self.sql = compiled.string
+        self._names = tuple(compiled.positiontup or ())
+        binds = compiled.binds
+        # Values written into the statement itself (`status == "ok"`), bound like the others.
+        self._fixed = {name: bind.value for name, bind in binds.items() if not bind.required}
+        self._writers = [
+            binds[name].type.dialect_impl(dialect).bind_processor(dialect) for name in self._names
+        ]
+        columns = statement.selected_columns if hasattr(statement, "selected_columns") else ()
+        self._readers = [
+            column.type.dialect_impl(dialect).result_processor(dialect, None) for column in columns
+        ]
+
+    def parameters(self, values: dict[str, Any]) -> list[Any]:
+        merged = {**self._fixed, **values}
+        return [
+            value if writer is None else writer(value)
+            for writer, value in zip(self._writers, (merged[name] for name in self._names), strict=True)
+        ]
+
+    def rows(self, db: sqlite3.Connection, values: dict[str, Any]) -> list[tuple[Any, ...]]:
+        cursor = db.execute(self.sql, self.parameters(values))
+        try:
+            found = cursor.fetchall()
+        finally:
+            cursor.close()
+        readers = self._readers
+        if not any(readers):
+            return found
+        return [
+            tuple(
+                value if read is None or value is None else read(value)
+                for read, value in zip(readers, row, strict=True)
+            )
+            for row in found
+        ]
+
+
+class _SqliteWrites:
+    """write_turns' statements on SQLite's DBAPI connection (one writer: ids come from lastrowid)."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.sessions = _Compiled(_UPSERT_SESSIONS["sqlite"], dialect, _SESSION_KEYS)
+        self.segments = _Compiled(_SEGMENTS.insert(), dialect, ("session_id", "created_at"))
+        self.calls = _Compiled(_CALLS.insert(), dialect, (*_NEW_CALL_FIELDS, "created_at"))
+
+    def write(self, db: sqlite3.Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
+        try:
+            return self._write(db, writes)
+        except sqlite3.Error as exc:
+            # As SQLAlchemy raises it (IntegrityError, OperationalError): one error tree for both paths.
+            raise DBAPIError.instance(None, None, exc, sqlite3.Error) from exc
+
+    def _write(self, db: sqlite3.Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
+        now = utcnow()
+        first_render: dict[str, datetime] = {}
+        for write in writes:
+            first_render.setdefault(write.session_id, write.template_now)
+        statuses = []
+        for session_id, at in first_render.items():
+            values = {"id": session_id, "status": "active", "created_at": now, "updated_at": now}
+            statuses += self.sessions.rows(db, values | {"template_now": at, "metadata": {}})
+        _refuse_finished(statuses)
+        per_write = []
+        for write in writes:
+            call_ids = []
+            for call in write.calls:
+                row = {name: getattr(call, name) for name in _NEW_CALL_FIELDS} | {"created_at": now}
+                if row["segment_id"] is None:  # each opens a segment of its own
+                    values = {"session_id": call.session_id, "created_at": now}
+                    row["segment_id"] = db.execute(
+                        self.segments.sql, self.segments.parameters(values)
+                    ).lastrowid
+                call_ids.append(int(db.execute(self.calls.sql, self.calls.parameters(row)).lastrowid or 0))
+            per_write.append(call_ids)
+        return per_write
+
+
 @dataclass
 class _Pending:
     write: TurnWrite
@@ -342,16 +442,32 @@ class SqliteTurnStore(TurnStore):
         event.listen(self._engine, "connect", sqlite_pragmas)
         # Held open: a pool checkout costs more than the indexed read itself.
         self._reader = self._engine.connect()
+        self._read_db = cast(sqlite3.Connection, self._reader.connection.dbapi_connection)
+        self._compiled: dict[int, _Compiled] = {}
+        self._writes = _SqliteWrites(self._engine.dialect)
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_loop, name="tito-turn-writer", daemon=True)
         self._writer.start()
+        # WAL checkpoints run here, off the writer: SQLite would run one inside a commit every ~1,000
+        # pages, and every turn waiting on that commit would wait for the copy and its fsync.
+        self._wal_written = threading.Event()  # set every CHECKPOINT_AFTER_COMMITS commits
+        self._commits = 0  # since the last signal; the writer's own
+        self._wal_long = False  # the checkpointer found more pages than WAL_LIMIT_PAGES
+        self._stopping = False
+        self._checkpointer = threading.Thread(
+            target=self._checkpoint_loop, name="tito-wal-checkpoint", daemon=True
+        )
+        self._checkpointer.start()
 
     async def _rows(self, query: Query, params: dict[str, Any]) -> Sequence[Any]:
+        compiled = self._compiled.get(id(query))
+        if compiled is None:
+            compiled = self._compiled[id(query)] = _Compiled(query, self._engine.dialect)
         try:
-            rows: Sequence[Any] = self._reader.execute(query, params).all()
+            return compiled.rows(self._read_db, params)
         finally:
-            self._reader.rollback()  # no read transaction left open: WAL checkpoints must not wait
-        return rows
+            if self._read_db.in_transaction:  # none left open: WAL checkpoints must not wait
+                self._read_db.rollback()
 
     async def record(self, write: TurnWrite) -> list[int]:
         loop = asyncio.get_running_loop()
@@ -366,11 +482,28 @@ class SqliteTurnStore(TurnStore):
     async def close(self) -> None:
         self._queue.put(None)
         await asyncio.to_thread(self._writer.join)
+        self._stopping = True
+        self._wal_written.set()
+        await asyncio.to_thread(self._checkpointer.join)
         self._reader.close()
         self._engine.dispose()
 
+    def _checkpoint_loop(self) -> None:
+        """Copies committed WAL frames into the database file (PASSIVE: it never blocks the writer or
+        a reader), every CHECKPOINT_AFTER_COMMITS commits and at most every CHECKPOINT_EVERY_S."""
+        with self._engine.connect() as db:
+            raw = cast(sqlite3.Connection, db.connection.dbapi_connection)
+            while not self._stopping:
+                self._wal_written.wait()
+                self._wal_written.clear()
+                self._wal_long = _checkpoint(raw) > WAL_LIMIT_PAGES
+                time.sleep(0 if self._stopping else CHECKPOINT_EVERY_S)
+
     def _write_loop(self) -> None:
         with self._engine.connect() as db:
+            # Checkpoints are the checkpointer's (above); a commit never runs one.
+            raw = cast(sqlite3.Connection, db.connection.dbapi_connection)
+            raw.execute("PRAGMA wal_autocheckpoint=0")
             while True:
                 first = self._queue.get()
                 if first is None:
@@ -386,8 +519,14 @@ class SqliteTurnStore(TurnStore):
                         stopping = True
                         break
                     group.append(waiting)
+                if self._wal_long:
+                    self._wal_long = _checkpoint(raw) > WAL_LIMIT_PAGES
                 began = time.perf_counter()
                 self._commit(db, group)
+                self._commits += 1
+                if self._commits >= CHECKPOINT_AFTER_COMMITS:
+                    self._commits = 0
+                    self._wal_written.set()
                 if self.on_commit is not None:
                     self.on_commit(len(group), time.perf_counter() - began)
                 if stopping:
@@ -396,7 +535,8 @@ class SqliteTurnStore(TurnStore):
     def _commit(self, db: Connection, group: list[_Pending]) -> None:
         try:
             with db.begin():
-                results = write_turns(db, [pending.write for pending in group])
+                raw = cast(sqlite3.Connection, db.connection.dbapi_connection)
+                results = self._writes.write(raw, [pending.write for pending in group])
         except Exception as error:
             if len(group) == 1:
                 self._deliver(group[0], [], error)
@@ -414,6 +554,16 @@ class SqliteTurnStore(TurnStore):
             pending.loop.call_soon_threadsafe(_settle, pending.future, call_ids, error)
         except RuntimeError:  # the loop has closed: nobody waits for this answer any more
             log.warning("a turn's write ended (%s) after its event loop closed", error or "committed")
+
+
+def _checkpoint(db: sqlite3.Connection) -> int:
+    """A PASSIVE checkpoint (it waits for no reader or writer); returns the WAL's length in pages."""
+    try:
+        _, pages, _ = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    except sqlite3.Error as exc:  # the next commit asks again
+        log.warning("WAL checkpoint failed: %s", exc)
+        return 0
+    return int(pages)
 
 
 def open_turn_store(url: str, engine: AsyncEngine) -> TurnStore:

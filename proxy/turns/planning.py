@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from proxy.chat.messages import Message, key_of_canonical, reasoning_consistent
+from proxy.chat.messages import Message, reasoning_consistent
 from proxy.chat.renderer import LARGE_TEXT_CHARS, Delta, DeltaUnavailable, PromptTooLong, Renderer
 from proxy.engines.base import Engine, SamplingParams
 from proxy.errors import ContextLengthExceeded, InvalidRequest
@@ -108,9 +108,7 @@ class TurnPlanner:
         if last_assistant is None or last_assistant == len(messages) - 1:
             return None, []
         echoed = messages[: last_assistant + 1]
-        key = key_of_canonical(
-            request.canonical_messages[: last_assistant + 1], request.tools, request.template_kwargs
-        )
+        key = request.history_hash.key(last_assistant + 1, None, request.tools, request.template_kwargs)
         for candidate in await self.store.calls_with_history(session_id, key):
             recorded = (await self._recorded(candidate)).conversation
             if len(recorded) == len(echoed) and all(

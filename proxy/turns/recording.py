@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import anyio
 import numpy as np
 
-from proxy.chat.messages import Message, canonical, key_of_canonical
+from proxy.chat.messages import Message, canonical_json
 from proxy.chat.parsing import ParsedOutput
 from proxy.engines.base import Engine, Generation, SamplingParams
 from proxy.errors import ClientClosedRequest, ProxyError
@@ -160,8 +160,8 @@ class TurnRecorder:
             # A completion is never the history a chat request echoes.
             history_key=""
             if request.is_completion
-            else key_of_canonical(
-                [*request.canonical_messages, canonical(reply)], request.tools, request.template_kwargs
+            else request.history_hash.key(
+                len(request.canonical_parts), canonical_json(reply), request.tools, request.template_kwargs
             ),
             prompt_len=len(plan.prompt),
             prompt_added=pack_ids(plan.added),

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from proxy.chat.messages import Message, canonical
+from proxy.chat.messages import HistoryHash, Message, canonical_json
 from proxy.chat.parsing import OutputParser, ParsedOutput
 from proxy.engines.base import Generation, SamplingParams
 from proxy.store.codec import IdArray
@@ -33,15 +33,26 @@ class TurnRequest:
     prompt_ids: list[int] | None = None
     # The wire format the request came in (proxy/dialects/), recorded with the call; nothing else reads it.
     dialect: str = "chat"
+    # Each message's canonical_json when the dialect already has them (a history it saw before), and
+    # their running hash, started from the session's previous request.
+    known_canonical: list[bytes] | None = None
+    known_hash: HistoryHash | None = None
 
     @property
     def is_completion(self) -> bool:
         return self.prompt_ids is not None
 
     @functools.cached_property
-    def canonical_messages(self) -> list[list[Any]]:
+    def canonical_parts(self) -> list[bytes]:
         """The messages in matching form, once: both the parent lookup and the new call key on them."""
-        return [canonical(m) for m in self.messages]
+        if self.known_canonical is not None:
+            return self.known_canonical
+        return [canonical_json(m) for m in self.messages]
+
+    @functools.cached_property
+    def history_hash(self) -> HistoryHash:
+        """What keys the request's history (parent lookup) and its call (history + reply)."""
+        return self.known_hash if self.known_hash is not None else HistoryHash(self.canonical_parts)
 
 
 @dataclass(frozen=True)

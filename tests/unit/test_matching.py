@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from proxy.chat.messages import history_key, reasoning_consistent
+from typing import Any
+
+from proxy.chat.messages import HistoryHash, canonical_json, history_key, key_of_json, reasoning_consistent
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1, "b": [1, 2]}'}}
 
@@ -48,3 +50,37 @@ def test_missing_reasoning_counts_as_unchanged_but_edited_reasoning_does_not() -
     assert not reasoning_consistent(
         {"role": "assistant", "content": "a", "reasoning_content": "other"}, recorded
     )
+
+
+def test_key_from_each_message_json_is_the_stored_history_key() -> None:
+    """Keys are stored: the per-message form (a known history is not walked again) hashes the same bytes."""
+    conversation: list[dict[str, Any]] = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q \u00e9 \u6f22"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": ""},
+    ]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"b": 1, "a": [2]}}}]
+    cases: list[tuple[list[dict[str, Any]], Any, Any]] = [
+        (conversation, tools, {"z": 1, "a": None}),
+        (conversation[:1], None, None),
+        ([], [], {}),
+    ]
+    for messages, listed, kwargs in cases:
+        parts = [canonical_json(m) for m in messages]
+        assert key_of_json(parts, listed, kwargs) == history_key(messages, listed, kwargs)
+
+
+def test_a_running_history_hash_gives_the_same_keys() -> None:
+    """A request's keys from the running digest its session's previous request handed on."""
+    parts = [canonical_json({"role": "user", "content": f"m{i}"}) for i in range(6)]
+    reply = canonical_json({"role": "assistant", "content": "r"})
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    earlier = HistoryHash(parts[:3])
+    assert earlier.key(3, reply, tools, None) == key_of_json([*parts[:3], reply], tools, None)
+    later = HistoryHash(parts, start=earlier)
+    for count in (6, 4, 3, 1, 0):  # forward, then behind the running digest
+        for tail in (None, reply):
+            expected = key_of_json([*parts[:count], *([tail] if tail else [])], tools, {"k": 1})
+            assert later.key(count, tail, tools, {"k": 1}) == expected
+    assert HistoryHash(parts).key(0, None, None, None) == key_of_json([], None, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from collections.abc import Callable
 from datetime import datetime
@@ -12,6 +13,7 @@ import pytest
 from sqlalchemy import Engine, event
 
 from proxy.errors import Conflict, SessionFinished
+from proxy.store import turn_store
 from proxy.store.database import create_engine, upgrade_blocking
 from proxy.store.turn_store import AsyncTurnStore, SqliteTurnStore, TurnStore
 from tests.turn_writes import turn_write
@@ -192,3 +194,48 @@ def test_a_turn_of_a_finished_session_is_refused_at_its_commit_and_others_commit
     with sqlite3.connect(db) as other:
         per_session = dict(other.execute("select session_id, count(*) from calls group by session_id"))
     assert per_session == {"done": 1, "a": 1, "b": 1}  # nothing of the refused turn
+
+
+def _sizes(db: Path) -> tuple[int, int]:
+    return os.path.getsize(f"{db}-wal"), os.path.getsize(db)
+
+
+def _write_many(db: Path, turns: int) -> tuple[int, int]:
+    """Back-to-back turns of ~3 KB; returns the WAL's and the database file's sizes before closing."""
+
+    async def scenario() -> tuple[int, int]:
+        store = SqliteTurnStore(f"sqlite:///{db}")
+        try:
+            for i in range(turns):
+                await store.record(turn_write(f"s{i % 20}", content="x" * 3000))
+            await asyncio.sleep(0.3)  # the checkpointer's last pass
+            return await asyncio.to_thread(_sizes, db)
+        finally:
+            await store.close()
+
+    return asyncio.run(scenario())
+
+
+def test_the_wal_is_checkpointed_off_the_writer(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commits never run a checkpoint (every turn waiting on one would wait for its copy and fsync):
+    the checkpointer thread copies the WAL into the database file."""
+    monkeypatch.setattr(turn_store, "CHECKPOINT_EVERY_S", 0.01)
+    monkeypatch.setattr(turn_store, "CHECKPOINT_AFTER_COMMITS", 4)
+    monkeypatch.setattr(turn_store, "WAL_LIMIT_PAGES", 1_000_000)  # the writer never checkpoints
+    before = db.stat().st_size
+    _, after = _write_many(db, 40)
+    assert after > before + 40 * 3000
+    with sqlite3.connect(db) as other:
+        assert other.execute("select count(*) from calls").fetchone()[0] == 40
+
+
+def test_a_wal_the_checkpointer_cannot_keep_short_is_checkpointed_by_the_writer(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes that never pause leave the checkpointer's copies behind; past WAL_LIMIT_PAGES the
+    writer checkpoints between two commits, so the WAL stays bounded."""
+    monkeypatch.setattr(turn_store, "CHECKPOINT_EVERY_S", 0.01)
+    monkeypatch.setattr(turn_store, "CHECKPOINT_AFTER_COMMITS", 4)
+    monkeypatch.setattr(turn_store, "WAL_LIMIT_PAGES", 50)
+    wal, _ = _write_many(db, 300)
+    assert wal < 4 * 1024 * 1024  # unbounded, 300 such turns leave ~15 MB

@@ -1,0 +1,81 @@
+"""A resent chat history is validated once: reused only when its messages are written the same."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.api.message_prefix import MessagePrefixes
+from proxy.api.schemas import ChatCompletionRequest
+
+
+def _call(arguments: Any) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}],
+    }
+
+
+def _body(*messages: dict[str, Any]) -> dict[str, Any]:
+    return {"model": "m", "messages": list(messages), "max_tokens": 8}
+
+
+USER = {"role": "user", "content": "hi"}
+TOOL = {"role": "tool", "tool_call_id": "c1", "content": "ok"}
+
+
+def test_known_history_is_reused_and_equals_a_full_validation() -> None:
+    prefixes = MessagePrefixes()
+    first = prefixes.validate("s", _body(USER, _call({"a": 1})))
+    assert first is not None
+    plain, canonical = first.message_forms()
+    first.history_hash().key(2, None, None, None)  # as its turn keyed it: the running hash is at 2
+    second = prefixes.validate("s", _body(USER, _call({"a": 1}), TOOL))
+    assert second is not None
+    assert second.messages[0] is first.messages[0]
+    assert second.messages[1] is first.messages[1]
+    assert second.message_forms()[0][1] is plain[1]
+    assert second.message_forms()[1][:2] == canonical
+    full = ChatCompletionRequest.model_validate(_body(USER, _call({"a": 1}), TOOL))
+    assert second.message_forms() == full.message_forms()
+    # Keys from the running hash the first request handed on, as a fresh request computes them.
+    assert second._reused_hash is first.history_hash()
+    for count in (3, 2):
+        assert second.history_hash().key(count, b'"x"', None, None) == full.history_hash().key(
+            count, b'"x"', None, None
+        )
+
+
+def test_a_history_written_differently_is_validated_again() -> None:
+    prefixes = MessagePrefixes()
+    first = prefixes.validate("s", _body(USER, _call({"a": 1})))
+    # `true == 1` in Python, but it is another argument value: nothing of the old request is reused.
+    second = prefixes.validate("s", _body(USER, _call({"a": True}), TOOL))
+    assert first is not None
+    assert second is not None
+    assert second.messages[1] is not first.messages[1]
+    assert second.message_forms()[0][1]["tool_calls"][0]["function"]["arguments"] == '{"a":true}'
+    other_session = prefixes.validate("t", _body(USER, _call({"a": 1}), TOOL))
+    assert other_session is not None
+    assert other_session.messages[0] is not first.messages[0]
+
+
+def test_anything_invalid_is_left_to_the_full_validation() -> None:
+    prefixes = MessagePrefixes()
+    assert prefixes.validate("s", _body(USER)) is not None
+    assert prefixes.validate("s", _body(USER, {"role": "robot", "content": "x"})) is None
+    assert prefixes.validate("s", _body({"role": "user"}, USER)) is not None  # content is optional
+    assert prefixes.validate("s", _body({"role": "user", "content": 3}, USER, USER)) is None
+    assert prefixes.validate("s", {"model": "m", "messages": []}) is None
+    assert prefixes.validate("s", ["not", "an", "object"]) is None
+    assert prefixes.validate(None, _body(USER)) is None
+
+
+def test_memory_is_bounded() -> None:
+    prefixes = MessagePrefixes(max_entries=2, max_bytes=4096)
+    for session in "abc":
+        prefixes.validate(session, _body(USER))
+    assert len(prefixes) == 2
+    prefixes.validate("big", _body({"role": "user", "content": "x" * 2000}))
+    assert len(prefixes) == 2
+    assert prefixes.bytes <= 4096
