@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
 
-from proxy.api.model_names import ModelNames
 from proxy.api.message_prefix import MessagePrefixes
+from proxy.api.model_names import ModelNames
 from proxy.api.retries import RetryGuard
 from proxy.chat.call_format import ToolParserReport
 from proxy.chat.renderer import Renderer
