@@ -12,6 +12,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from proxy.engines import keepalive
 from proxy.engines import router as sglang_router
 from proxy.engines.base import (
     ContextLimits,
@@ -225,7 +226,8 @@ class SGLangEngine:
         if self.router and affinity is not None:
             headers.update(sglang_router.routing_headers(affinity))
         try:
-            return await self._session().post(self._url(path), data=_json(payload), headers=headers)
+            url, body = self._url(path), _json(payload)
+            return await keepalive.post(self._session(), url, data=body, headers=headers)
         except TimeoutError as exc:
             raise EngineTimeout(f"the engine did not answer {path} in time") from exc
         except aiohttp.ClientError as exc:

@@ -48,6 +48,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from proxy.engines import keepalive
 from proxy.engines.base import (
     ContextLimits,
     EngineInfo,
@@ -235,7 +236,8 @@ class VLLMEngine:
         path = GENERATE_PATH if probe.route == "generate" else COMPLETIONS_PATH
         payload = self._payload(probe, prompt, params, rid, stream=stream)
         try:
-            response = await self._session().post(
+            response = await keepalive.post(
+                self._session(),
                 self._url(path),
                 data=orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
                 headers=self._headers,
