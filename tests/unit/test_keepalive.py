@@ -65,7 +65,7 @@ def test_a_request_on_a_connection_the_engine_closed_is_sent_again(
                 assert response.status == 200
                 await response.read()
                 # A busy event loop: the engine closes the pooled connection before the loop sees it.
-                time.sleep(0.2)
+                time.sleep(0.2)  # noqa: ASYNC251 (blocking the loop is the point)
 
     asyncio.run(run())
     assert served == [b"{}", b'{"a":1}', b'{"b":22}']  # each request reached the engine exactly once
