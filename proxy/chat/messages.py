@@ -143,12 +143,19 @@ def key_of_json(
     a list as its items' own texts joined by commas, without spaces)."""
     digest = hashlib.sha256(b"[[")
     digest.update(b",".join(canonical_parts))
+    return _closed_key(digest, tools, template_kwargs)
+
+
+def _closed_key(
+    digest: Any, tools: Sequence[Mapping[str, Any]] | None, template_kwargs: Mapping[str, Any] | None
+) -> str:
+    """The key from a digest of `[[` and the messages' parts: the list closed, tools and kwargs added."""
     digest.update(b"],")
     digest.update(orjson.dumps(list(tools or []), option=orjson.OPT_SORT_KEYS))
     digest.update(b",")
     digest.update(orjson.dumps(dict(template_kwargs or {}), option=orjson.OPT_SORT_KEYS))
     digest.update(b"]")
-    return digest.hexdigest()
+    return str(digest.hexdigest())
 
 
 class HistoryHash:
@@ -183,12 +190,7 @@ class HistoryHash:
         digest = self._state.copy()
         if tail is not None:
             digest.update(b"," + tail if count else tail)
-        digest.update(b"],")
-        digest.update(orjson.dumps(list(tools or []), option=orjson.OPT_SORT_KEYS))
-        digest.update(b",")
-        digest.update(orjson.dumps(dict(template_kwargs or {}), option=orjson.OPT_SORT_KEYS))
-        digest.update(b"]")
-        return digest.hexdigest()
+        return _closed_key(digest, tools, template_kwargs)
 
 
 def reasoning_consistent(echoed: Mapping[str, Any], recorded: Mapping[str, Any]) -> bool:
