@@ -285,7 +285,8 @@ class TurnStore(abc.ABC):
 
     async def segment_links(self, segment_id: int) -> dict[int, int | None]:
         """Each call of the segment: its parent's id."""
-        return {row.id: row.parent_id for row in await self._read(_SEGMENT_LINKS, {"segment": segment_id})}
+        rows = await self._read(_SEGMENT_LINKS, {"segment": segment_id})
+        return {call_id: parent_id for call_id, parent_id in rows}
 
     async def calls(self, call_ids: Sequence[int]) -> list[SegmentCall]:
         """These calls, oldest first."""
@@ -329,6 +330,8 @@ class _Compiled:
         self.sql = compiled.string
         self._names = tuple(compiled.positiontup or ())
         binds = compiled.binds
+        # An `IN` over a list (expanding bind): its placeholders are only known once the list is.
+        self._expanding = compiled if any(bind.expanding for bind in binds.values()) else None
         # Values written into the statement itself (`status == "ok"`), bound like the others.
         self._fixed = {name: bind.value for name, bind in binds.items() if not bind.required}
         self._writers = [
@@ -346,8 +349,21 @@ class _Compiled:
             for writer, value in zip(self._writers, (merged[name] for name in self._names), strict=True)
         ]
 
+    def _expanded(self, values: dict[str, Any]) -> tuple[str, list[Any]]:
+        assert self._expanding is not None
+        state = self._expanding.construct_expanded_state({**self._fixed, **values})
+        processors = state.processors
+        parameters = [
+            processors[name](state.parameters[name]) if name in processors else state.parameters[name]
+            for name in state.positiontup or ()
+        ]
+        return state.statement, parameters
+
     def rows(self, db: sqlite3.Connection, values: dict[str, Any]) -> list[tuple[Any, ...]]:
-        cursor = db.execute(self.sql, self.parameters(values))
+        sql, parameters = (
+            (self.sql, self.parameters(values)) if self._expanding is None else self._expanded(values)
+        )
+        cursor = db.execute(sql, parameters)
         try:
             found = cursor.fetchall()
         finally:

@@ -70,6 +70,10 @@ def test_a_record_is_durable_when_it_returns_and_reads_see_it(db: Path, kind: st
             segment = await store.segment_rows(continued.segment_id)
             assert [(call.id, call.parent_id) for call in segment] == [(first, None), (second, first)]
             assert segment[1].request == {"messages": [{"role": "user", "content": "hi"}]}
+            # What a process rebuilding a context another process recorded reads.
+            assert await store.segment_links(continued.segment_id) == {first: None, second: first}
+            assert [call.id for call in await store.calls([second, first])] == [first, second]
+            assert [call.request for call in await store.calls([second])] == [segment[1].request]
         finally:
             await store.close()
 
