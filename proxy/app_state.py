@@ -49,6 +49,7 @@ class AppState:
             self.engine,
             base_names=[self.model_name, settings.model_name, *settings.model_alias_names],
             strict=settings.strict_model_names,
+            restart_wait_s=settings.engine_restart_wait_s,
         )
         self.routed_experts_shape = self._routed_experts_shape()
 

@@ -8,7 +8,9 @@ adapter in this process's life is never sampled by the base weights: once unload
 
 Adapters are the engine's `/v1/models` cards with a `parent` (SGLang and vLLM both list them so),
 read at start and cached briefly; an unknown name reads them again (at most once a second), so an
-adapter loaded at run time is served without a restart.
+adapter loaded at run time is served without a restart. While the engine cannot be listed (it is
+restarting), an unknown name waits for a listing as long as a turn waits for a restarting engine
+(--engine-restart-wait-s), then is refused (503) rather than guessed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ log = logging.getLogger("tito_proxy.models")
 ADAPTERS_TTL_S = 5.0
 # How often at most an unknown name makes the proxy list them again.
 REFRESH_S = 1.0
+# How often an engine that cannot be listed is tried again while a name waits on it.
+RESTART_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -45,11 +49,15 @@ class ModelNames:
         *,
         base_names: Iterable[str | None],
         strict: bool,
+        restart_wait_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
         self.base_names = frozenset(name for name in base_names if name)
         self.strict = strict
+        # How long a name is held while the engine cannot be listed (--engine-restart-wait-s): the
+        # turn would wait that long for a restarting engine anyway.
+        self.restart_wait_s = restart_wait_s
         self._clock = clock
         self._listed: dict[str, str] = {}
         self._listed_at: float | None = None
@@ -82,6 +90,15 @@ class ModelNames:
             self._ever_listed |= listed.keys()
         return self._listed
 
+    async def _list_after_restart(self) -> dict[str, str]:
+        """The engine's adapters once it can be listed again, within the restart wait: a restarted
+        engine may serve other adapters, so an unknown name is judged on a new listing only."""
+        deadline = time.monotonic() + self.restart_wait_s
+        while self._failure is not None and time.monotonic() < deadline:
+            await asyncio.sleep(min(RESTART_POLL_S, max(0.0, deadline - time.monotonic())))
+            await self.adapters(older_than=0.0)
+        return self._listed
+
     def _fresh(self, older_than: float) -> bool:
         return self._listed_at is not None and self._clock() - self._listed_at < older_than
 
@@ -91,6 +108,8 @@ class ModelNames:
         listed = await self.adapters()
         if name not in listed:
             listed = await self.adapters(older_than=REFRESH_S)  # loaded since the last listing?
+        if name not in listed and self._failure is not None:
+            listed = await self._list_after_restart()
         if name in listed:
             return ModelChoice(name, name)
         if self._failure is not None:

@@ -143,3 +143,26 @@ def test_the_flags_reach_the_settings_and_the_workers(qwen_dir: Path) -> None:
         name.removeprefix("TITO_").lower(): value for name, value in settings_environment(settings).items()
     }
     assert Settings(**environment) == settings
+
+
+def test_a_name_waits_for_a_restarting_engine_to_be_listed_again() -> None:
+    """Within the restart wait, an unknown name is judged on the restarted engine's listing: it may
+    have come back with the adapter loaded."""
+    engine, clock = Engine(), Clock()
+    names = ModelNames(engine, base_names=["served"], strict=False, restart_wait_s=5.0, clock=clock)
+
+    async def run() -> None:
+        await names.adapters()
+        engine.down = True
+        clock.now += 10  # the listing is stale: the next unknown name lists again, and fails
+
+        async def restart() -> None:
+            await asyncio.sleep(0.6)
+            engine.loaded, engine.down = {"fresh": "/a/fresh"}, False
+
+        restarting = asyncio.create_task(restart())
+        assert await names.choose("fresh") == ModelChoice("fresh", "fresh")
+        assert await names.choose("other") == ModelChoice("other", None)
+        await restarting
+
+    asyncio.run(run())
