@@ -86,6 +86,11 @@ class EnginePool:
         return member
 
     async def _assigned(self, session_id: str, avoid: set[str]) -> Member | None:
+        if len(self.members) == 1:
+            # One engine: nothing to choose, so nothing to store (a read and a durable insert per new
+            # session otherwise). Sessions placed once a second engine is added are stored then.
+            [only] = self.members.values()
+            return None if only.id in avoid else self._remember(session_id, only)
         engine_id = self._local.get(session_id)
         if engine_id is None or engine_id not in self.members:
             engine_id = await self.store.get(session_id)

@@ -5,10 +5,11 @@ sglang-router the routing key keeps a session on one worker and aborts reach the
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,15 @@ def _served(fakes: list[FakeSGLang], tokenizer: Tokenizer, session: str) -> list
     ]
     calls.sort(key=lambda call: len(call[1]["input_ids"]))  # a session's prompts only grow
     return [index for index, _ in calls]
+
+
+def test_one_engine_stores_no_assignments(start_proxy: ProxyFactory, tmp_path: Path) -> None:
+    """With one engine there is nothing to choose: a new session costs no extra database write."""
+    with start_proxy(db=tmp_path / "one.db") as url:
+        _turn(url, "solo", [{"role": "user", "content": "hello"}])
+    with closing(sqlite3.connect(tmp_path / "one.db")) as db:
+        assert db.execute("select count(*) from engine_affinity").fetchone() == (0,)
+        assert db.execute("select count(*) from calls").fetchone() == (1,)
 
 
 def test_sessions_stick_to_an_engine_and_new_sessions_balance(
