@@ -52,6 +52,7 @@ from proxy.observe import metrics_route, ui
 from proxy.observe.logs import install_record_ids
 from proxy.observe.metrics import Metrics
 from proxy.observe.request_ids import RequestIdMiddleware
+from proxy.shared_pause import SharedPause
 from proxy.store.affinity import DatabaseAffinity, DatabaseRegistry
 from proxy.store.claims import RetryClaims
 from proxy.store.database import (
@@ -160,11 +161,17 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         # Until the trainer sets one, calls whose answer names no version get the engine's at start.
         app.state.proxy.turns.trainer_weight_version = engine_version
         sweeper = asyncio.create_task(_finish_idle_sessions(app.state.proxy))
+        background = [sweeper]
+        if _shared_database(settings):
+            shared = app.state.proxy.shared_pause = SharedPause(db_sessions, inference)
+            await shared.start()
+            background.append(asyncio.create_task(shared.follow()))
         _freeze_startup_heap()
         try:
             yield
         finally:
-            sweeper.cancel()
+            for task in background:
+                task.cancel()
             app.state.proxy.turns.close()
             await turn_store.close()
             await inference.aclose()

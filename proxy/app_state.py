@@ -18,6 +18,7 @@ from proxy.config import Settings
 from proxy.dialects.seals import Sealer
 from proxy.engines.base import Engine
 from proxy.engines.pool import EnginePool
+from proxy.shared_pause import SharedPause
 from proxy.turns import TurnRunner
 
 
@@ -37,6 +38,8 @@ class AppState:
     pool: EnginePool | None = None
     # Seals sampled reasoning under the deployment's secret (configured, or kept in the database).
     sealer: Sealer = field(default_factory=lambda: Sealer(None))
+    # With other processes on the database: the trainer's pause as they all follow it.
+    shared_pause: SharedPause | None = None
     # Chat histories already validated, per session: a resent history is not validated again.
     message_prefixes: MessagePrefixes = field(default_factory=MessagePrefixes)
     # When this process started serving (Unix seconds, UTC): /v1/models' `created`.

@@ -48,8 +48,11 @@ def _state(state: AppState, engine: ResumingEngine) -> dict[str, Any]:
 async def pause(state: StateDep, body: PauseRequest | None = None) -> dict[str, Any]:
     engine = _engine(state)
     engine.gate.pause()
-    if body is not None and body.abort_in_flight:
+    abort = body is not None and body.abort_in_flight
+    if abort:
         await engine.abort_in_flight()
+    if state.shared_pause is not None:  # every other process on the database follows
+        await state.shared_pause.publish(paused=True, abort=abort)
     return _state(state, engine)
 
 
@@ -57,10 +60,14 @@ async def pause(state: StateDep, body: PauseRequest | None = None) -> dict[str, 
 async def resume(state: StateDep) -> dict[str, Any]:
     engine = _engine(state)
     await engine.refresh_version()  # the version the trainer just loaded, before anything samples
+    if state.shared_pause is not None:
+        await state.shared_pause.publish(paused=False)
     engine.gate.resume()
     return _state(state, engine)
 
 
 @router.get("/state")
 async def pause_state(state: StateDep) -> dict[str, Any]:
+    if state.shared_pause is not None:
+        await state.shared_pause.follow_once()  # the pause as stored, not as last polled
     return _state(state, _engine(state))

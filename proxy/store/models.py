@@ -60,6 +60,8 @@ class ExportAckRow(Base):
 WEIGHT_VERSION_KEY = "weight_version"
 # The settings row of the reasoning seals' secret when TITO_REASONING_SECRET is not set.
 REASONING_SECRET_KEY = "reasoning_secret"
+# The trainer's pause, shared by every process on the database (proxy/shared_pause.py).
+PAUSE_KEY = "pause"
 
 
 class SettingRow(Base):

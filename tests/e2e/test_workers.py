@@ -119,3 +119,57 @@ def test_concurrent_duplicates_on_two_workers_are_answered_once(
         assert httpx.post(f"{url}/sessions/{session}/finish").status_code == 200
         steps = httpx.get(f"{url}/export", params={"mode": "stepwise", "branches": "all"}).text.splitlines()
     assert len([line for line in steps if orjson.loads(line)["session_id"] == session]) == 1
+
+
+def _on_every_worker(url: str, request: Any) -> dict[str, httpx.Response]:
+    """`request()` on new connections until both workers have answered it: worker -> its answer."""
+    answers: dict[str, httpx.Response] = {}
+    deadline = time.monotonic() + 60
+    while len(answers) < 2:
+        assert time.monotonic() < deadline, f"only workers {set(answers)} answered"
+        reply = request()
+        answers.setdefault(reply.headers["x-tito-worker"], reply)
+    return answers
+
+
+def test_a_pause_sent_to_one_worker_holds_on_every_worker(
+    engine: FakeSGLang, qwen_dir: Path, qwen_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    env = {
+        "TITO_DB": f"sqlite:///{tmp_path / 'paused.db'}",
+        "TITO_ENGINE_URL": engine.url,  # type: ignore[attr-defined]
+        "TITO_PAUSE_MODE": "reject",
+    }
+    close = {"connection": "close"}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+    def turn() -> httpx.Response:
+        return httpx.post(f"{url}/v1/chat/completions", json=body, headers=close, timeout=30)
+
+    with spawn_proxy(["--tokenizer", str(qwen_dir), "--workers", "2"], env, tmp_path / "serve.log") as (
+        _,
+        url,
+    ):
+        _wait_for_two_workers(url)
+        paused = httpx.post(f"{url}/admin/pause", headers=close)
+        assert paused.json()["paused"] is True
+        states = _on_every_worker(url, lambda: httpx.get(f"{url}/admin/state", headers=close))
+        assert {worker: r.json()["paused"] for worker, r in states.items()} == dict.fromkeys(states, True)
+        time.sleep(0.5)  # past the followers' poll: every worker refuses from now on
+        refused = _on_every_worker(url, turn)
+        assert {r.status_code for r in refused.values()} == {429}
+        assert all(r.headers["retry-after"] for r in refused.values())
+        assert engine.requests == []  # nothing sampled while paused
+
+        resumed = httpx.post(f"{url}/admin/resume", headers=close)
+        assert resumed.json()["paused"] is False
+        time.sleep(0.5)
+        for _ in range(2):
+            engine.push(
+                [
+                    *qwen_tokenizer.encode("ok", add_special_tokens=False).ids,
+                    token_id(qwen_tokenizer, "<|im_end|>"),
+                ]
+            )
+        served = _on_every_worker(url, turn)
+        assert {r.status_code for r in served.values()} == {200}, [r.text for r in served.values()]
