@@ -4,16 +4,14 @@ server-sent events. Errors on these routes come in Anthropic's shape."""
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.api.deps import SessionIdDep, StateDep
@@ -24,7 +22,7 @@ from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice,
 from proxy.dialects.anthropic_output import MessageShape
 from proxy.dialects.anthropic_stream import message_events
 from proxy.dialects.shared import for_model, turn_request
-from proxy.dialects.turn_events import run_turn
+from proxy.dialects.turn_events import answer_turn
 from proxy.errors import ProxyError, UnsupportedParameter
 
 _ERROR_TYPES = {
@@ -183,30 +181,15 @@ async def create_message(
     )
     request = await for_model(state, request, body.model)
     shape = MessageShape(f"msg_{uuid.uuid4().hex}", body.model, sealer, tuple(body.stop_sequences or ()))
-    headers = {"X-Session-Id": session_id}
-    exit_stack = contextlib.AsyncExitStack()
-    try:
-        answer = await run_turn(
-            state,
-            session_id,
-            request,
-            identity,
-            stream=bool(body.stream),
-            exit_stack=exit_stack,
-            client=http_request,
-        )
-        if answer.replayed:
-            headers["X-Tito-Replayed"] = "true"
-        if answer.events is not None:
-            events = message_events(shape, answer, exit_stack.pop_all())
-            return StreamingResponse(
-                events, media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"}
-            )
-    finally:
-        await exit_stack.aclose()
-    assert answer.results is not None
-    return Response(
-        orjson.dumps(shape.message(answer.results[0])), media_type="application/json", headers=headers
+    return await answer_turn(
+        state,
+        session_id,
+        request,
+        identity,
+        stream=bool(body.stream),
+        client=http_request,
+        events=lambda answer, held: message_events(shape, answer, held),
+        body=shape.message,
     )
 
 

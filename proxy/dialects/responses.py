@@ -7,14 +7,11 @@ session without the client resending history (the proxy holds the record, whatev
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.api.deps import SessionIdDep, StateDep, check_session_id
@@ -27,7 +24,7 @@ from proxy.dialects.responses_output import ResponseShape
 from proxy.dialects.responses_stream import response_events
 from proxy.dialects.seals import Sealer
 from proxy.dialects.shared import for_model, turn_request
-from proxy.dialects.turn_events import run_turn
+from proxy.dialects.turn_events import answer_turn
 from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
 from proxy.store.prompts import rebuild
 from proxy.store.repository import Repository
@@ -202,29 +199,13 @@ async def create_response(
         sealer=sealer if "reasoning.encrypted_content" in (body.include or []) else None,
         think_close=state.renderer.token_id("</think>"),
     )
-    headers = {"X-Session-Id": session_id}
-    exit_stack = contextlib.AsyncExitStack()
-    try:
-        answer = await run_turn(
-            state,
-            session_id,
-            request,
-            identity,
-            stream=bool(body.stream),
-            exit_stack=exit_stack,
-            client=http_request,
-        )
-        if answer.replayed:
-            headers["X-Tito-Replayed"] = "true"
-        if answer.events is not None:
-            # The retry lock now belongs to the stream: released after its last event.
-            events = response_events(shape, answer, exit_stack.pop_all())
-            return StreamingResponse(
-                events, media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"}
-            )
-    finally:
-        await exit_stack.aclose()
-    assert answer.results is not None
-    return Response(
-        orjson.dumps(shape.completed(answer.results[0])), media_type="application/json", headers=headers
+    return await answer_turn(
+        state,
+        session_id,
+        request,
+        identity,
+        stream=bool(body.stream),
+        client=http_request,
+        events=lambda answer, held: response_events(shape, answer, held),
+        body=shape.completed,
     )

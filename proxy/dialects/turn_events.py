@@ -9,13 +9,14 @@ an answered request (same Idempotency-Key, or an SDK retry with the same body) r
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import orjson
 from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
 
 from proxy.api.answering import run_watched
 from proxy.api.retries import RetryIdentity, recorded_answer, replayed_results
@@ -216,3 +217,37 @@ async def run_turn(
         return Answer(events=events, prompt_tokens=prompt_tokens)
     results = await run_watched(state, session_id, request, client)
     return Answer(results=results, prompt_tokens=results[0].prompt_tokens)
+
+
+async def answer_turn(
+    state: AppState,
+    session_id: str,
+    request: TurnRequest,
+    identity: RetryIdentity | None,
+    *,
+    stream: bool,
+    client: Request,
+    events: Callable[[Answer, contextlib.AsyncExitStack], AsyncIterator[bytes]],
+    body: Callable[[TurnResult], Any],
+) -> Response:
+    """run_turn, answered in a dialect: its `events` as server-sent events, or its JSON `body` of the
+    one result."""
+    headers = {"X-Session-Id": session_id}
+    exit_stack = contextlib.AsyncExitStack()
+    try:
+        answer = await run_turn(
+            state, session_id, request, identity, stream=stream, exit_stack=exit_stack, client=client
+        )
+        if answer.replayed:
+            headers["X-Tito-Replayed"] = "true"
+        if answer.events is not None:
+            # The retry lock now belongs to the stream: released after its last event.
+            return StreamingResponse(
+                events(answer, exit_stack.pop_all()),
+                media_type="text/event-stream",
+                headers={**headers, "Cache-Control": "no-cache"},
+            )
+    finally:
+        await exit_stack.aclose()
+    assert answer.results is not None
+    return Response(orjson.dumps(body(answer.results[0])), media_type="application/json", headers=headers)
