@@ -14,6 +14,7 @@ from yarl import URL
 
 from proxy.engines import keepalive
 from proxy.engines import router as sglang_router
+from proxy.engines.answers import json_body
 from proxy.engines.base import (
     ContextLimits,
     EngineInfo,
@@ -255,18 +256,7 @@ class SGLangEngine:
         payload = _request_payload(input_ids, params, request_id or uuid.uuid4().hex, stream=False)
         response = await self._send("/generate", payload, affinity)
         await self._raise_for_status(response, params)
-        try:
-            content = await response.read()
-        except TimeoutError as exc:
-            raise EngineTimeout("the engine did not answer /generate in time") from exc
-        except aiohttp.ClientError as exc:
-            raise EngineUnavailable(f"the engine's answer was cut: {exc}") from exc
-        finally:
-            response.release()
-        try:
-            body = orjson.loads(content)
-        except orjson.JSONDecodeError as exc:
-            raise EngineError("the engine answered with malformed JSON") from exc
+        body = await json_body(response, "the engine")
         if isinstance(body, list):
             if len(body) != 1:
                 raise EngineError(f"the engine answered {len(body)} outputs for one prompt")

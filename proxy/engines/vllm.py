@@ -49,6 +49,7 @@ import orjson
 from yarl import URL
 
 from proxy.engines import keepalive
+from proxy.engines.answers import json_body
 from proxy.engines.base import (
     ContextLimits,
     EngineInfo,
@@ -301,18 +302,7 @@ class VLLMEngine:
 
     async def _generate(self, input_ids: PromptIds, params: SamplingParams, rid: str) -> Generation:
         probe, response = await self._open(input_ids, params, rid, stream=False)
-        try:
-            content = await response.read()
-        except TimeoutError as exc:
-            raise EngineTimeout("vLLM did not answer in time") from exc
-        except aiohttp.ClientError as exc:
-            raise EngineUnavailable(f"vLLM's answer was cut: {exc}") from exc
-        finally:
-            response.release()
-        try:
-            body = orjson.loads(content)
-        except orjson.JSONDecodeError as exc:
-            raise EngineError("vLLM answered with malformed JSON") from exc
+        body = await json_body(response, "vLLM")
         choice = single_choice(body)
         if choice is None:
             raise EngineError("vLLM answered without a choice")
