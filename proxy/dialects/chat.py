@@ -18,10 +18,8 @@ from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import ChatCompletionRequest
 from proxy.api.streaming import StreamOptions
 from proxy.app_state import AppState
-from proxy.chat.constraints import response_format_constraint, tool_choice_constraint
-from proxy.dialects.shared import for_model
+from proxy.dialects.shared import for_model, sampling_constraint
 from proxy.engines.base import SamplingParams
-from proxy.errors import UnsupportedParameter
 from proxy.turns import TurnRequest, TurnResult
 
 
@@ -67,25 +65,6 @@ def sampling_params(
     )
 
 
-def _constraint(body: ChatCompletionRequest, state: AppState, tools: list[dict[str, Any]] | None) -> Any:
-    forced = tool_choice_constraint(body.tool_choice, tools, state.turns.parser.name)
-    formatted = response_format_constraint(body.response_format)
-    chosen = [c for c in (forced, formatted) if c is not None]
-    if not chosen:
-        return None
-    if len(chosen) > 1:
-        raise UnsupportedParameter(
-            "a forced tool call and a JSON response_format cannot be combined (one grammar per request)",
-            param="response_format",
-        )
-    if not state.engine.supports_constraints:
-        raise UnsupportedParameter(
-            f"the {state.engine.name} engine cannot constrain sampling (tool_choice/response_format)",
-            param="tool_choice" if forced is not None else "response_format",
-        )
-    return chosen[0]
-
-
 def _turn_request(
     body: ChatCompletionRequest, state: AppState, identity: RetryIdentity | None
 ) -> TurnRequest:
@@ -103,7 +82,12 @@ def _turn_request(
         known_hash=body.history_hash(),
         tools=tools,
         template_kwargs=body.chat_template_kwargs or None,
-        sampling=replace(params, constraint=_constraint(body, state, tools)),
+        sampling=replace(
+            params,
+            constraint=sampling_constraint(
+                state, body.tool_choice, body.response_format, tools, format_param="response_format"
+            ),
+        ),
         max_tokens_requested=body.requested_max_tokens,
         raw=body.model_dump(exclude={"messages", "tools", "chat_template_kwargs"}, exclude_none=True),
         choices=body.n or 1,

@@ -16,12 +16,16 @@ from proxy.errors import UnsupportedParameter
 from proxy.turns import TurnRequest
 
 
-def _constraint(
+def sampling_constraint(
     state: AppState,
     tool_choice: str | dict[str, Any] | None,
     response_format: dict[str, Any] | None,
     tools: list[dict[str, Any]] | None,
+    *,
+    format_param: str = "text.format",
 ) -> Any:
+    """The one grammar a request may sample under: a forced tool call or a JSON output format, named
+    in errors by the dialect's own parameter (`format_param`)."""
     forced = tool_choice_constraint(tool_choice, tools, state.turns.parser.name)
     formatted = response_format_constraint(response_format)
     chosen = [c for c in (forced, formatted) if c is not None]
@@ -29,13 +33,13 @@ def _constraint(
         return None
     if len(chosen) > 1:
         raise UnsupportedParameter(
-            "a forced tool call and a JSON output format cannot be combined (one grammar per request)",
-            param="text.format",
+            f"a forced tool call and a JSON {format_param} cannot be combined (one grammar per request)",
+            param=format_param,
         )
     if not state.engine.supports_constraints:
         raise UnsupportedParameter(
-            f"the {state.engine.name} engine cannot constrain sampling (tool_choice/format)",
-            param="tool_choice" if forced is not None else "text.format",
+            f"the {state.engine.name} engine cannot constrain sampling (tool_choice/{format_param})",
+            param="tool_choice" if forced is not None else format_param,
         )
     return chosen[0]
 
@@ -65,7 +69,7 @@ def turn_request(
         top_k=-1 if top_k is None or top_k == 0 else top_k,
         stop=stop,
         stop_token_ids=state.renderer.stop_token_ids,
-        constraint=_constraint(state, tool_choice, response_format, tools),
+        constraint=sampling_constraint(state, tool_choice, response_format, tools),
     )
     return TurnRequest(
         messages=messages,
