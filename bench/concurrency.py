@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,13 @@ from bench.harness import TOOLS, rss_mib, running_stack
 RESULT = "src/main.py: 3 lines changed"
 
 
-async def _session(client: aiohttp.ClientSession, url: str, session: str, turns: int) -> int:
+async def _session(client: aiohttp.ClientSession, urls: Sequence[str], session: str, turns: int) -> int:
+    """A tool conversation of `turns` turns, turn k sent to urls[k mod len(urls)] (replicas)."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug."}]
-    for _ in range(turns):
+    for turn in range(turns):
         body = {"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 64}
         async with client.post(
-            f"{url}/sessions/{session}/v1/chat/completions",
+            f"{urls[turn % len(urls)]}/sessions/{session}/v1/chat/completions",
             data=orjson.dumps(body),
             headers={"content-type": "application/json"},
         ) as reply:
@@ -43,16 +45,19 @@ async def _session(client: aiohttp.ClientSession, url: str, session: str, turns:
     return turns
 
 
-async def _run(url: str, sessions: int, turns: int, prefix: str, concurrency: int) -> float:
+async def run_sessions(
+    urls: Sequence[str], sessions: int, turns: int, prefix: str, concurrency: int, *, timeout_s: float = 120
+) -> float:
+    """Turns per second of `sessions` sessions, `concurrency` at a time, each alternating over `urls`."""
     # Idle connections are dropped before uvicorn's 5 s keep-alive ends, so none is reused as it closes.
     connector = aiohttp.TCPConnector(limit=concurrency, keepalive_timeout=2.0)
-    timeout = aiohttp.ClientTimeout(total=120)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
         gate = asyncio.Semaphore(concurrency)
 
         async def one(n: int) -> int:
             async with gate:
-                return await _session(client, url, f"{prefix}-{n}", turns)
+                return await _session(client, urls, f"{prefix}-{n}", turns)
 
         started = time.perf_counter()
         done = sum(await asyncio.gather(*(one(n) for n in range(sessions))))
@@ -61,9 +66,9 @@ async def _run(url: str, sessions: int, turns: int, prefix: str, concurrency: in
 
 def measure(sessions: int, turns: int, open_sessions: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as work, running_stack(Path(work)) as stack:
-        turns_per_s = asyncio.run(_run(stack.proxy_url, sessions, turns, "c", sessions))
+        turns_per_s = asyncio.run(run_sessions([stack.proxy_url], sessions, turns, "c", sessions))
         idle_rss = rss_mib(stack.proxy_pid)
-        asyncio.run(_run(stack.proxy_url, open_sessions, 1, "open", 256))
+        asyncio.run(run_sessions([stack.proxy_url], open_sessions, 1, "open", 256))
         open_rss = rss_mib(stack.proxy_pid)
     return {
         "concurrent_sessions": sessions,

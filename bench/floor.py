@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from bench.concurrency import _run as run_sessions
+from bench.concurrency import run_sessions
 from bench.harness import TOOLS, free_port, percentile, running_stack, tool_result, wait_healthy
 
 LONG_RESULT = tool_result(21)  # ~500 tokens per tool result, as in bench.turn_latency
@@ -136,19 +136,20 @@ def _floor_stack() -> Iterator[tuple[str, str, int]]:
             process.wait(30)
 
 
-async def _long_conversation(url: str, session: str, turns: int) -> list[float]:
-    """Per-turn latency (ms) of one tool conversation whose every result adds ~500 tokens."""
+async def long_conversation(urls: Sequence[str], session: str, turns: int) -> list[float]:
+    """Per-turn latency (ms) of one tool conversation whose every result adds ~500 tokens, turn k
+    sent to urls[k mod len(urls)] (replicas)."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a coding agent."},
         {"role": "user", "content": "Fix the bug in src/main.py."},
     ]
     latencies = []
     async with aiohttp.ClientSession() as client:
-        for _ in range(turns):
+        for turn in range(turns):
             body = orjson.dumps({"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 256})
             started = time.perf_counter()
             async with client.post(
-                f"{url}/sessions/{session}/v1/chat/completions",
+                f"{urls[turn % len(urls)]}/sessions/{session}/v1/chat/completions",
                 data=body,
                 headers={"content-type": "application/json"},
             ) as reply:
@@ -164,10 +165,10 @@ async def _long_conversation(url: str, session: str, turns: int) -> list[float]:
 
 
 def _measure(url: str, pid: int | None, sessions: int, turns: int, long_turns: int) -> dict[str, Any]:
-    asyncio.run(_long_conversation(url, "warm-up", 2))  # first connections and lazy imports, untimed
-    latencies = asyncio.run(_long_conversation(url, "long", long_turns))
+    asyncio.run(long_conversation([url], "warm-up", 2))  # first connections and lazy imports, untimed
+    latencies = asyncio.run(long_conversation([url], "long", long_turns))
     before = cpu_seconds(pid) if pid is not None else 0.0
-    turns_per_s = asyncio.run(run_sessions(url, sessions, turns, "load", sessions))
+    turns_per_s = asyncio.run(run_sessions([url], sessions, turns, "load", sessions))
     cpu = cpu_seconds(pid) - before if pid is not None else None
     p50 = statistics.median(latencies)
     return {

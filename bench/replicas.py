@@ -18,18 +18,16 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 
-from bench.concurrency import RESULT
-from bench.floor import LONG_RESULT, cpu_seconds
-from bench.harness import REPLY, TOOLS, free_port, wait_healthy
+from bench.concurrency import run_sessions
+from bench.floor import cpu_seconds, long_conversation
+from bench.harness import REPLY, free_port, wait_healthy
 from proxy.demo_model import copy_qwen_tokenizer
 from tests import postgres_server
 
@@ -112,48 +110,18 @@ def proxies(work: Path, db: str, count: int, *extra: str) -> Iterator[tuple[list
         yield urls, pids
 
 
-async def _session(client: aiohttp.ClientSession, urls: Sequence[str], session: str, turns: int) -> int:
-    """bench.concurrency's tool conversation, turn k sent to replica k mod len(urls)."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug."}]
-    for turn in range(turns):
-        body = {"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 64}
-        async with client.post(
-            f"{urls[turn % len(urls)]}/sessions/{session}/v1/chat/completions",
-            data=orjson.dumps(body),
-            headers={"content-type": "application/json"},
-        ) as reply:
-            reply.raise_for_status()
-            message = orjson.loads(await reply.read())["choices"][0]["message"]
-        messages += [
-            message,
-            {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": RESULT},
-        ]
-    return turns
-
-
-async def run_sessions(urls: Sequence[str], sessions: int, turns: int, prefix: str) -> float:
-    """Turns per second of `sessions` concurrent sessions, each alternating over `urls`."""
-    connector = aiohttp.TCPConnector(limit=sessions, keepalive_timeout=2.0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as client:
-        started = time.perf_counter()
-        done = await asyncio.gather(
-            *(_session(client, urls, f"{prefix}-{n}", turns) for n in range(sessions))
-        )
-        return sum(done) / (time.perf_counter() - started)
-
-
 def measure_load(
     urls: Sequence[str], proxy_pids: Sequence[int], db_pid: int | None, sessions: int, turns: int
 ) -> dict[str, Any]:
     """Turns/s and CPU per turn (proxies, database server) under the load, after a warm-up."""
-    asyncio.run(run_sessions(urls, 32, 2, "warm-up"))
+    asyncio.run(run_sessions(urls, 32, 2, "warm-up", 32, timeout_s=300))
 
     def cpu() -> tuple[float, float]:
         proxy = sum(tree_cpu_seconds(pid) for pid in proxy_pids)
         return proxy, tree_cpu_seconds(db_pid) if db_pid is not None else 0.0
 
     before = cpu()
-    turns_per_s = asyncio.run(run_sessions(urls, sessions, turns, "load"))
+    turns_per_s = asyncio.run(run_sessions(urls, sessions, turns, "load", sessions, timeout_s=300))
     after = cpu()
     count = sessions * turns
     proxy_ms = (after[0] - before[0]) * 1000 / count
@@ -171,39 +139,12 @@ def measure_load(
     }
 
 
-async def _long_conversation(urls: Sequence[str], session: str, turns: int) -> list[float]:
-    """Per-turn latency (ms) of bench.floor's long tool conversation (~500 tokens a result), turn k
-    on replica k mod len(urls)."""
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a coding agent."},
-        {"role": "user", "content": "Fix the bug in src/main.py."},
-    ]
-    latencies = []
-    async with aiohttp.ClientSession() as client:
-        for turn in range(turns):
-            body = orjson.dumps({"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 256})
-            started = time.perf_counter()
-            async with client.post(
-                f"{urls[turn % len(urls)]}/sessions/{session}/v1/chat/completions",
-                data=body,
-                headers={"content-type": "application/json"},
-            ) as reply:
-                reply.raise_for_status()
-                message = orjson.loads(await reply.read())["choices"][0]["message"]
-            latencies.append((time.perf_counter() - started) * 1000)
-            messages += [
-                message,
-                {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": LONG_RESULT},
-            ]
-    return latencies
-
-
 def long_conversations(urls: Sequence[str], turns: int, rounds: int = 3) -> dict[str, Any]:
     """Turn 1 and the last turn of a long conversation on one replica and alternating, medians of
     `rounds`: a replica rebuilds a context the other recorded from the database (it is not cached)."""
     result: dict[str, Any] = {"turns": turns}
     for label, used in (("one_replica", urls[:1]), ("alternating", urls)):
-        runs = [asyncio.run(_long_conversation(used, f"long-{label}-{n}", turns)) for n in range(rounds)]
+        runs = [asyncio.run(long_conversation(used, f"long-{label}-{n}", turns)) for n in range(rounds)]
         result[label] = {
             "turn_1_ms": round(sorted(run[0] for run in runs)[rounds // 2], 2),
             "turn_last_ms": round(sorted(run[-1] for run in runs)[rounds // 2], 2),
