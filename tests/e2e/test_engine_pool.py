@@ -434,7 +434,11 @@ def test_affinity_and_registration_hold_across_worker_processes(
     args = ["--tokenizer", str(qwen_dir), "--workers", "2"]
     with spawn_proxy(args, env, tmp_path / "serve.log") as (_, url):
         seen: set[str] = set()
-        for index in range(4):
+        # The kernel need not spread new connections over both workers (a busy host may hand one
+        # all of them): sessions until both have served, four at least.
+        sessions = 0
+        while sessions < 4 or (len(seen) < 2 and sessions < 20):
+            index, sessions = sessions, sessions + 1
             messages: list[dict[str, Any]] = [{"role": "user", "content": f"hello from w{index}"}]
             for turn in range(3):
                 reply = httpx.post(
@@ -447,7 +451,7 @@ def test_affinity_and_registration_hold_across_worker_processes(
                 seen.add(reply.headers["x-tito-worker"])
                 messages += [reply.json()["choices"][0]["message"], {"role": "user", "content": f"t{turn}"}]
         assert len(seen) == 2, "every turn landed on one worker"
-        for index in range(4):
+        for index in range(sessions):
             calls = _served(fakes, qwen_tokenizer, f"w{index}")
             assert (len(calls), len(set(calls))) == (3, 1), calls
 
