@@ -16,6 +16,7 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.nodes
+import jinja2.runtime
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from proxy.errors import TemplateError
@@ -66,6 +67,52 @@ class _Namespace(jinja2.utils.Namespace):
             raise jinja2.exceptions.SecurityError(f"namespace attribute {name!r} is not allowed")
 
 
+def _dict_attribute(name: str) -> bool:
+    """Whether a dict instance has attribute `name` (all of a dict's attributes are its type's)."""
+    found = _DICT_ATTRIBUTES.get(name)
+    if found is None:
+        found = _DICT_ATTRIBUTES[name] = hasattr({}, name)
+    return found
+
+
+_DICT_ATTRIBUTES: dict[str, bool] = {}
+# The str methods the sandbox hands out unchanged: public, and not format/format_map (which it wraps).
+_STR_METHODS = frozenset(
+    name for name in dir(str) if not name.startswith("_") and name not in ("format", "format_map")
+)
+
+
+_PLAIN_VALUES = frozenset({bool, int, float, str, type(None)})
+_STATE_OBJECTS = frozenset({jinja2.runtime.LoopContext, _Namespace})
+
+
+class _SandboxEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox transformers uses, with shortcuts for the lookups templates make most, each
+    returning what the sandbox itself returns: `message.role` on a dict (the sandbox first tries the
+    attribute, which a dict lacks, then the key), a public str method such as `content.strip`, and
+    loop or namespace state (which its checks always allow). Half a render went to those checks."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        kind = type(obj)
+        if kind is dict and not _dict_attribute(attribute):
+            try:
+                return obj[attribute]
+            except LookupError:
+                return self.undefined(obj=obj, name=attribute)
+        if kind is str and attribute in _STR_METHODS:
+            return getattr(obj, attribute)
+        if kind in _STATE_OBJECTS and not attribute.startswith("_"):
+            # `loop.last`, `ns.last_query_index`: the sandbox lets any public attribute of these
+            # through, and a plain value needs no wrapping.
+            try:
+                value = getattr(obj, attribute)
+            except AttributeError:
+                return super().getattr(obj, attribute)
+            if type(value) in _PLAIN_VALUES:
+                return value
+        return super().getattr(obj, attribute)
+
+
 class _GenerationTag(jinja2.ext.Extension):
     """Accepts `{% generation %}` blocks (used by training templates) and renders their body unchanged."""
 
@@ -90,10 +137,17 @@ def _alias_reasoning(message: Mapping[str, Any]) -> dict[str, Any]:
 class ChatTemplate:
     """One compiled chat template plus the special-token variables it reads."""
 
-    def __init__(self, source: str, special_tokens: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        source: str,
+        special_tokens: Mapping[str, str],
+        *,
+        sandbox: type[ImmutableSandboxedEnvironment] = _SandboxEnvironment,
+    ) -> None:
+        """`sandbox`: Jinja's own ImmutableSandboxedEnvironment gives the reference renders in tests."""
         self.source = source
         self._special_tokens = dict(special_tokens)
-        env = ImmutableSandboxedEnvironment(
+        env = sandbox(
             trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
         )
         env.filters["tojson"] = _tojson
