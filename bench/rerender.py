@@ -1,6 +1,7 @@
 """What a turn costs to tokenize: a full chat-template render of the history (other gateways) next
 to tito-proxy's (the first prompt in full, then the fixed-base delta of the appended messages), at
-turn 1 and turn 64.
+turn 1 and turn 64; the delta also with the whole fixed base rendered (no short render), and for a
+short tool result as bench.concurrency sends.
 
 In process, on the real Qwen3 tokenizer and template; a tool conversation whose tool results are
 ~500 tokens, so turn 64 carries ~32k tokens.
@@ -55,6 +56,10 @@ def measure() -> dict[str, Any]:
     for turn in range(1, TURNS + 1):
         if turn in (1, TURNS):
             full = partial(renderer.render_prompt, list(messages), tools=TOOLS, template_kwargs=None, now=now)
+            short_result = [{**messages[-1], "content": "src/main.py: 3 lines changed"}]
+            short_delta = partial(
+                renderer.render_delta, call, short_result, tools=TOOLS, template_kwargs=None, now=now
+            )
             # tito-proxy renders a first prompt in full, and only the appended messages after that.
             ours = (
                 full
@@ -68,6 +73,15 @@ def measure() -> dict[str, Any]:
                 "full_render_ms": _median_ms(full),
                 "tito_ms": _median_ms(ours),
             }
+            if turn > 1:
+                # The delta with the whole fixed base rendered, as before the short render was proven.
+                short, renderer.short_context = renderer.short_context, None
+                rows[str(turn)]["tito_fixed_base_ms"] = _median_ms(ours)
+                renderer.short_context = short
+                rows[str(turn)]["tito_short_result_ms"] = _median_ms(short_delta)
+                renderer.short_context = None
+                rows[str(turn)]["tito_fixed_base_short_result_ms"] = _median_ms(short_delta)
+                renderer.short_context = short
         messages += [call, {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": result}]
     return {"turns": rows}
 

@@ -10,6 +10,7 @@ What the served template allows is decided once by the start-up probe (proxy/cha
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any, Literal
 
 from proxy.chat.messages import CallsOnlyContent, Message, for_template
 from proxy.chat.probe import TemplateProbe, TemplateVerdict
+from proxy.chat.short_context import ShortContext
 from proxy.chat.template import ChatTemplate
 from proxy.chat.tokenizer import TokenizerFiles
 from proxy.errors import TemplateError
@@ -51,6 +53,11 @@ LARGE_TEXT_CHARS = 8192
 _PROBE_CHARS_PER_TOKEN = 6
 _PROBE_MARGIN = 1.25
 
+
+FIXED_BASE: tuple[Message, ...] = (
+    {"role": "system", "content": BASE_SYSTEM},
+    {"role": "user", "content": BASE_USER},
+)
 
 # The cache of encoded fixed bases: a base holds the tool list, which a request may make large.
 _HEADS = 256
@@ -93,10 +100,15 @@ class Renderer:
         self._heads: dict[str, list[int]] = {}
         self._head_chars = 0
         self._heads_lock = threading.Lock()
+        self._closes_of: TemplateVerdict | None = None
+        self._closes: tuple[str, ...] = ()
+        # None while the probe runs: it checks the full fixed-base render.
+        self.short_context: ShortContext | None = None
         # Empty while the probe runs: it checks templates on full encodes only.
         self._splitting_closes: dict[str, int] = {}
         self.verdict: TemplateVerdict = TemplateProbe(self).run()
         self._splitting_closes = self._closes_split_at()
+        self.short_context = ShortContext(self, FIXED_BASE)
         # Fixed for the process: derived once, read on every turn.
         self.close_token_ids = self._ids_of(self.verdict.close_tokens)
         # What the engine must stop on: the tokens that end a sampled turn, and EOS.
@@ -200,6 +212,8 @@ class Renderer:
         tools: Sequence[Mapping[str, Any]] | None,
         template_kwargs: Mapping[str, Any] | None,
         now: datetime | None,
+        *,
+        base: Sequence[Message] = FIXED_BASE,
     ) -> str:
         stub: Message = {"role": "assistant", "content": STUB_CONTENT, "reasoning_content": STUB_REASONING}
         if previous_assistant.get("tool_calls"):
@@ -212,10 +226,6 @@ class Renderer:
                 {**call, "function": {"name": call["function"]["name"], "arguments": {"stub": STUB_CONTENT}}}
                 for call in previous_assistant["tool_calls"]
             ]
-        base: list[Message] = [
-            {"role": "system", "content": BASE_SYSTEM},
-            {"role": "user", "content": BASE_USER},
-        ]
         # gpt-oss refuses reasoning beside content on a tool-calling turn; such templates keep the
         # reasoning of tool turns anyway, so without it the stub's render still does not depend on
         # what follows.
@@ -247,14 +257,90 @@ class Renderer:
         max_tokens: int | None = None,
     ) -> Delta:
         """Ids a render puts after an assistant turn's close for `appended`, and the generation prompt
-        (PromptTooLong when they alone are more than `max_tokens`)."""
-        if not self.verdict.close_tokens:
+        (PromptTooLong when they alone are more than `max_tokens`). Rendered from the stub alone where
+        proven to give the same text (proxy/chat/short_context.py), else with the whole fixed base."""
+        if not self._close_tokens():
             raise DeltaUnavailable("the template has no token that closes an assistant turn")
+        short = self.short_context
+        shape = None if short is None else short.shape(previous_assistant, appended, tools, template_kwargs)
+        proven = None if short is None or shape is None else short.verdict(shape)
+        if proven and short is not None:
+            found = self._short_delta(
+                short,
+                previous_assistant,
+                appended,
+                template_kwargs=template_kwargs,
+                now=now,
+                max_tokens=max_tokens,
+            )
+            if found is not None:
+                return found
         text = self._render_with_stub(previous_assistant, appended, tools, template_kwargs, now)
         stub_at = text.rfind(STUB_CONTENT)
         if stub_at < 0:
             raise DeltaUnavailable("the assistant stub is missing from the fixed-base render")
-        return self.cut_after_close(text, stub_at + len(STUB_CONTENT), max_tokens=max_tokens)
+        delta = self.cut_after_close(text, stub_at + len(STUB_CONTENT), max_tokens=max_tokens)
+        if short is not None and shape is not None and proven is None:
+            short.decide(
+                shape,
+                self._tail(text),
+                functools.partial(
+                    self.delta_text, previous_assistant, appended, template_kwargs, now, base=short.base
+                ),
+            )
+        return delta
+
+    def _short_delta(
+        self,
+        short: ShortContext,
+        previous_assistant: Message,
+        appended: Sequence[Message],
+        *,
+        template_kwargs: Mapping[str, Any] | None,
+        now: datetime | None,
+        max_tokens: int | None,
+    ) -> Delta | None:
+        """The delta from the short render, exactly the ids the full one gives; None to render in full."""
+        try:
+            tail = self.delta_text(previous_assistant, appended, template_kwargs, now, base=short.base)
+        except TemplateError:
+            return None
+        if tail is None:
+            return None
+        close, text = tail
+        # Encoded from the close as cut_after_close does for a close the tokenizer splits at.
+        from_close = self.encode(text, at_most=_plus(max_tokens, 1))
+        if from_close[:1] != [self._splitting_closes[close]]:
+            return None
+        return Delta(ids=from_close[1:], close=close)
+
+    def delta_text(
+        self,
+        previous_assistant: Message,
+        appended: Sequence[Message],
+        template_kwargs: Mapping[str, Any] | None,
+        now: datetime | None,
+        *,
+        base: Sequence[Message] = FIXED_BASE,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> tuple[str, str] | None:
+        """The close token after the stub and the text from it on, in a render of `base`, the stub
+        and `appended` with `tools`. None when that close is not one the tokenizer splits its input at."""
+        return self._tail(
+            self._render_with_stub(previous_assistant, appended, tools, template_kwargs, now, base=base)
+        )
+
+    def _tail(self, text: str) -> tuple[str, str] | None:
+        stub_at = text.rfind(STUB_CONTENT)
+        if stub_at < 0:
+            return None
+        found = self._first_close(text, stub_at + len(STUB_CONTENT))
+        if found is None or found[1] not in self._splitting_closes:
+            return None
+        return found[1], text[found[0] :]
+
+    def splitting_closes(self) -> frozenset[str]:
+        return frozenset(self._splitting_closes)
 
     def render_after_empty_turn(
         self,
@@ -268,10 +354,7 @@ class Renderer:
         """Ids a render puts after the generation prompt for an assistant turn that said nothing,
         then `appended` and the next generation prompt, in the fixed-base context. A turn without
         text has no close of its own to cut after: only the template knows what it writes there."""
-        base: list[Message] = [
-            {"role": "system", "content": BASE_SYSTEM},
-            {"role": "user", "content": BASE_USER},
-        ]
+        base = list(FIXED_BASE)
         kwargs: dict[str, Any] = {"tools": tools, "template_kwargs": template_kwargs, "now": now}
         try:
             head = self.render_text(base, add_generation_prompt=True, **kwargs)
@@ -344,13 +427,23 @@ class Renderer:
         from_close = self.encode(close + after)
         return from_close[:1] == [close_id] and whole == head + from_close[1:]
 
+    def _close_tokens(self) -> tuple[str, ...]:
+        """verdict.close_tokens, derived once per verdict (the probe sets verdicts as it learns)."""
+        if self._closes_of is not self.verdict:
+            self._closes_of, self._closes = self.verdict, tuple(sorted(self.verdict.close_tokens))
+        return self._closes
+
+    def _first_close(self, text: str, start: int) -> tuple[int, str] | None:
+        """Where the first close token at or past `start` is, and which it is."""
+        return _first_close_in(text, start, self._close_tokens())
+
     def cut_after_close(self, text: str, start: int, *, max_tokens: int | None = None) -> Delta:
         """The ids of `text` after the first close token at or past `start`, trusted only when the
         text up to that close encodes to a token prefix of the whole (at most `max_tokens` of them)."""
-        ends = [(at, close) for close in self.verdict.close_tokens if (at := text.find(close, start)) >= 0]
-        if not ends:
+        found = self._first_close(text, start)
+        if found is None:
             raise DeltaUnavailable("no close token after the assistant turn in the render")
-        close_at, close = min(ends)
+        close_at, close = found
         close_id = self._splitting_closes.get(close)
         if close_id is not None:
             # The tokenizer cuts at this close (see _closes_split_at): its ids are a prefix boundary.
@@ -362,6 +455,11 @@ class Renderer:
         if full_ids[: len(head_ids)] != head_ids:
             raise DeltaUnavailable("the render is not a token prefix at the assistant's close")
         return Delta(ids=full_ids[len(head_ids) :], close=close)
+
+
+def _first_close_in(text: str, start: int, closes: Iterable[str]) -> tuple[int, str] | None:
+    ends = [(at, close) for close in closes if (at := text.find(close, start)) >= 0]
+    return min(ends) if ends else None
 
 
 def _plus(limit: int | None, extra: int) -> int | None:
