@@ -20,6 +20,7 @@ of the full render by construction. Anything else keeps the full render.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -84,10 +85,12 @@ def _appended(roles: Sequence[str]) -> list[Message]:
 
 
 def _json(value: Any) -> bytes | None:
+    """A digest of `value` as JSON (a shape holds digests, so a large tool list costs 16 bytes)."""
     try:
-        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS) if value else b""
+        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS) if value else b""
     except TypeError:
         return None
+    return hashlib.blake2b(text, digest_size=16).digest()
 
 
 class ShortContext:
