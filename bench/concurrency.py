@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.harness import TOOLS, rss_mib, running_stack
+from bench.harness import TOOLS, cpu_seconds, rss_mib, running_stack
 
 RESULT = "src/main.py: 3 lines changed"
 
@@ -66,7 +66,9 @@ async def run_sessions(
 
 def measure(sessions: int, turns: int, open_sessions: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as work, running_stack(Path(work)) as stack:
+        cpu_before = cpu_seconds(stack.proxy_pid)
         turns_per_s = asyncio.run(run_sessions([stack.proxy_url], sessions, turns, "c", sessions))
+        cpu = cpu_seconds(stack.proxy_pid) - cpu_before
         idle_rss = rss_mib(stack.proxy_pid)
         asyncio.run(run_sessions([stack.proxy_url], open_sessions, 1, "open", 256))
         open_rss = rss_mib(stack.proxy_pid)
@@ -74,6 +76,8 @@ def measure(sessions: int, turns: int, open_sessions: int) -> dict[str, Any]:
         "concurrent_sessions": sessions,
         "turns_per_session": turns,
         "turns_per_s": round(turns_per_s, 1),
+        # The proxy process's own CPU time (user + system), steadier than wall time on a shared host.
+        "cpu_ms_per_turn": round(cpu * 1000 / (sessions * turns), 3),
         "open_sessions": open_sessions + sessions,
         "rss_mib_after_concurrency_run": idle_rss,
         "rss_mib_with_open_sessions": open_rss,

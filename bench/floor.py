@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import subprocess
 import sys
@@ -33,7 +32,15 @@ import orjson
 from aiohttp import web
 
 from bench.concurrency import run_sessions
-from bench.harness import TOOLS, free_port, percentile, running_stack, tool_result, wait_healthy
+from bench.harness import (
+    TOOLS,
+    cpu_seconds,
+    free_port,
+    percentile,
+    running_stack,
+    tool_result,
+    wait_healthy,
+)
 
 LONG_RESULT = tool_result(21)  # ~500 tokens per tool result, as in bench.turn_latency
 _ANSWER = {
@@ -100,12 +107,6 @@ def passthrough_app(upstream: str) -> web.Application:
     app.router.add_post("/sessions/{session}/v1/chat/completions", forward)
     app.router.add_get("/health", lambda _: web.json_response({}))  # type: ignore[arg-type,return-value]
     return app
-
-
-def cpu_seconds(pid: int) -> float:
-    """The process's own user + system CPU time, from /proc/<pid>/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager

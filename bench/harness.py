@@ -35,6 +35,12 @@ def tool_result(lines: int) -> str:
     )
 
 
+def cpu_seconds(pid: int) -> float:
+    """The process's own user + system CPU time, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

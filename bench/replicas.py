@@ -26,8 +26,8 @@ from typing import Any
 import orjson
 
 from bench.concurrency import run_sessions
-from bench.floor import cpu_seconds, long_conversation
-from bench.harness import REPLY, free_port, wait_healthy
+from bench.floor import long_conversation
+from bench.harness import REPLY, cpu_seconds, free_port, wait_healthy
 from proxy.demo_model import copy_qwen_tokenizer
 from tests import postgres_server
 
