@@ -331,6 +331,7 @@ class Renderer:
         )
 
     def _tail(self, text: str) -> tuple[str, str] | None:
+        """The first close after the stub and the text from it on, if the tokenizer splits at it."""
         stub_at = text.rfind(STUB_CONTENT)
         if stub_at < 0:
             return None
@@ -340,6 +341,7 @@ class Renderer:
         return found[1], text[found[0] :]
 
     def splitting_closes(self) -> frozenset[str]:
+        """The close tokens ids may be encoded from (see _closes_split_at)."""
         return frozenset(self._splitting_closes)
 
     def render_after_empty_turn(

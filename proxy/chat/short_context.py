@@ -1,11 +1,12 @@
-"""When the fixed-base delta may be rendered from the stub alone: the proof, per template and per shape.
+"""When the fixed-base delta may be rendered without the fixed base: the proof, per template and shape.
 
 The fixed-base delta is the text a render of [system, user, stub, appended] (with the request's
 tools) puts from the stub's close on. The base and the tools cost most of that render and are the same
 every turn, but a template may read them while writing the appended messages (Mistral writes the
 tools into the last user message, Llama 3.1 into the first, some templates number messages from the
-conversation's start or scan it for a role). So the short render, [stub, appended] without tools,
-is used only where both of these hold:
+conversation's start, check the first message's role or scan the conversation for a role). So a
+short render, [stub, appended] without tools (or [user, stub, appended] where the template wants a
+user first, as Gemma does), is used only where both of these hold:
 
 1. At start-up, for every probe case (answers and tool calls, one or two appended user, tool and
    system messages, no tools and tools holding tracing strings), the short render puts exactly the
@@ -14,8 +15,8 @@ is used only where both of these hold:
    roles and fields), the first request of that shape renders both ways, and the texts agree.
 
 Only then, and only when the close token is one the tokenizer splits its input at (so the ids after it
-depend on nothing before it), does a request of that shape take the short render: its ids are those
-of the full render by construction. Anything else keeps the full render.
+depend on nothing before it), does a request of that shape take the short render: same text from the
+close on, so the same ids. Anything else keeps the full render.
 """
 
 from __future__ import annotations
@@ -160,7 +161,14 @@ class ShortContext:
             kwargs_json,
             bool(previous.get("content")),
             calls,
-            tuple((m.get("role"), tuple(sorted(k for k, v in m.items() if v is not None))) for m in appended),
+            tuple(
+                (
+                    m.get("role"),
+                    type(m.get("content")).__name__,
+                    tuple(sorted(k for k, v in m.items() if v is not None)),
+                )
+                for m in appended
+            ),
         )
 
     def verdict(self, shape: Hashable) -> bool | None:
