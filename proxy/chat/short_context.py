@@ -171,6 +171,10 @@ class ShortContext:
             ),
         )
 
+    def shapes(self) -> int:
+        """How many request shapes are remembered (at most _SHAPES)."""
+        return len(self._shapes)
+
     def verdict(self, shape: Hashable) -> bool | None:
         """True: proven for this shape; False: refused; None: not decided yet."""
         return self._shapes.get(shape)

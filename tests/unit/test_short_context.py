@@ -148,8 +148,41 @@ def test_a_proven_shape_takes_the_short_render(pairs: dict[str, tuple[Renderer, 
     short = renderer.short_context
     assert short is not None
     shape = short.shape(previous, appended, TOOLS, None)
-    renderer.render_delta(previous, appended, tools=TOOLS, template_kwargs=None, now=NOW)
+    first = renderer.render_delta(previous, appended, tools=TOOLS, template_kwargs=None, now=NOW)
     assert short.verdict(shape) is True
+    seen = _RenderSpy(renderer.template)
+    renderer.template = seen  # type: ignore[assignment]
+    try:
+        assert renderer.render_delta(previous, appended, tools=TOOLS, template_kwargs=None, now=NOW) == first
+    finally:
+        renderer.template = seen.template
+    assert seen.renders == [(["assistant", "tool"], False)], (
+        "one render: the stub and the tool result, no tools"
+    )
+
+
+def test_request_shapes_are_bounded(pairs: dict[str, tuple[Renderer, Renderer]]) -> None:
+    renderer, _ = pairs["qwen2_5"]
+    short = renderer.short_context
+    assert short is not None
+    previous: Message = {"role": "assistant", "content": "Done."}
+    appended: list[Message] = [{"role": "user", "content": "More?"}]
+    for n in range(1100):
+        tools = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "description": f"version {n}"}}]
+        renderer.render_delta(previous, appended, tools=tools, template_kwargs=None, now=NOW)
+    assert short.shapes() <= 1024
+
+
+class _RenderSpy:
+    """A chat template that notes the roles and whether tools were given, for each render."""
+
+    def __init__(self, template: ChatTemplate) -> None:
+        self.template = template
+        self.renders: list[tuple[list[str], bool]] = []
+
+    def render(self, messages: list[Message], **kwargs: Any) -> str:
+        self.renders.append(([m["role"] for m in messages], kwargs.get("tools") is not None))
+        return self.template.render(messages, **kwargs)
 
 
 CHATML_HEAD = "{%- for message in messages %}"
