@@ -135,6 +135,33 @@ def test_short_render_gives_todays_ids(
         assert _outcome(renderer, previous, appended, tools, kwargs) == expected
 
 
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(turn=turns(), system=st.one_of(st.none(), texts))
+def test_full_renders_equal_jinjas_own_sandbox(
+    name: str,
+    pairs: dict[str, tuple[Renderer, Renderer]],
+    turn: tuple[Message, list[Message], list[dict[str, Any]] | None, dict[str, Any] | None],
+    system: str | None,
+) -> None:
+    """The sandbox's shortcuts (proxy/chat/template.py) change no text, on whole conversations."""
+    renderer, reference = pairs[name]
+    previous, appended, tools, kwargs = turn
+    opening: list[Message] = [{"role": "system", "content": system}] if system is not None else []
+    conversation = [*opening, {"role": "user", "content": "Go."}, previous, *appended]
+    outcomes = []
+    for each in (renderer, reference):
+        try:
+            outcomes.append(
+                each.render_text(
+                    conversation, tools=tools, add_generation_prompt=True, template_kwargs=kwargs, now=NOW
+                )
+            )
+        except TemplateError as exc:
+            outcomes.append(type(exc).__name__)
+    assert outcomes[0] == outcomes[1]
+
+
 def test_a_proven_shape_takes_the_short_render(pairs: dict[str, tuple[Renderer, Renderer]]) -> None:
     renderer, _ = pairs["qwen3"]
     previous: Message = {
