@@ -65,6 +65,9 @@ class TemplateVerdict:
     # that follows ("end": the turn is last, what a model samples), including the ones a template
     # variable writes instead (Llama 3.1's <|eom_id|> after a call in ipython mode).
     closes_by_following: dict[str, list[str]] = field(default_factory=dict)
+    # Whether the delta may be rendered without the fixed base and the tools (proxy/chat/short_context.py):
+    # proven, the base messages kept, or why not. Set by the renderer after the probe.
+    short_delta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def close_tokens(self) -> frozenset[str]:

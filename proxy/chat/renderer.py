@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -109,6 +109,7 @@ class Renderer:
         self.verdict: TemplateVerdict = TemplateProbe(self).run()
         self._splitting_closes = self._closes_split_at()
         self.short_context = ShortContext(self, FIXED_BASE)
+        self.verdict = replace(self.verdict, short_delta=self.short_context.as_json())
         # Fixed for the process: derived once, read on every turn.
         self.close_token_ids = self._ids_of(self.verdict.close_tokens)
         # What the engine must stop on: the tokens that end a sampled turn, and EOS.

@@ -171,6 +171,14 @@ class ShortContext:
             ),
         )
 
+    def as_json(self) -> dict[str, Any]:
+        """What GET /v1/template reports: proven, the base messages a short render keeps, or why not."""
+        return {
+            "proven": self.proven,
+            "base_roles": [m["role"] for m in self.base] if self.proven else None,
+            "reason": self.reason,
+        }
+
     def shapes(self) -> int:
         """How many request shapes are remembered (at most _SHAPES)."""
         return len(self._shapes)

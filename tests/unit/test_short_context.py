@@ -117,6 +117,9 @@ def test_real_templates_are_proven(name: str, pairs: dict[str, tuple[Renderer, R
     short = pairs[name][0].short_context
     assert short is not None
     assert short.proven, short.reason
+    reported = pairs[name][0].verdict.as_json()["short_delta"]  # as GET /v1/template shows it
+    assert reported["proven"] is True
+    assert set(reported["base_roles"]) <= {"system", "user"}
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -261,6 +264,11 @@ def test_a_template_reading_the_dropped_context_keeps_the_full_render(tmp_path: 
     previous: Message = {"role": "assistant", "content": "Done."}
     appended: list[Message] = [{"role": "user", "content": "More?"}]
     assert short.shape(previous, appended, TOOLS, None) is None
+    assert renderer.verdict.as_json()["short_delta"] == {
+        "proven": False,
+        "base_roles": None,
+        "reason": short.reason,
+    }
 
 
 def test_a_shape_the_start_up_proof_misses_is_refused_on_its_first_request(tmp_path: Path) -> None:
