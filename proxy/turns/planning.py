@@ -104,7 +104,10 @@ class TurnPlanner:
     ) -> tuple[ContinuedCall | None, list[Message]]:
         """The recorded call whose conversation the request extends, and the messages appended to it."""
         messages = request.messages
-        last_assistant = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+        # From the end: the last assistant turn is near it, and a long history has ~130 messages.
+        last_assistant = next(
+            (i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "assistant"), None
+        )
         if last_assistant is None or last_assistant == len(messages) - 1:
             return None, []
         echoed = messages[: last_assistant + 1]
