@@ -20,6 +20,7 @@ from proxy.export.branches import BranchFilter
 from proxy.export.columns import as_lists
 from proxy.export.formats import jsonl, metadata_type, parquet_stream, require_pyarrow
 from proxy.export.rows import merged_rows_of, stepwise_rows_of
+from proxy.export.sqlite_reads import read_page, sqlite_file
 from proxy.export.summaries import Summary, decode, fresh_summaries, leaves
 from proxy.observe.export_tally import ExportTally
 from proxy.store.models import FinishedRow, SessionRow
@@ -66,10 +67,14 @@ async def _page_rows(
     summaries gets them made now."""
     ids = [session.id for _, session in page]
     drift_mode = state.settings.drift_report
-    async with state.db_sessions() as db:
-        repo = Repository(db)
-        calls = await repo.token_calls(ids)
-        stored = await repo.segment_summaries(ids, drift_mode)
+    path = sqlite_file(state.settings.db)
+    if path is not None:
+        calls, stored = await read_page(path, ids, drift_mode)
+    else:
+        async with state.db_sessions() as db:
+            repo = Repository(db)
+            calls = await repo.token_calls(ids)
+            stored = await repo.segment_summaries(ids, drift_mode)
     build = merged_rows_of if rows.mode == "merged" else stepwise_rows_of
     built = []
     for seq, session in page:
@@ -229,7 +234,7 @@ async def export(
 
     async def lines() -> AsyncIterator[bytes]:
         async for rows in pages:
-            yield jsonl(rows)
+            yield jsonl(rows, shared=mode == "stepwise")
 
     return StreamingResponse(tally.bytes_of(lines()), media_type="application/x-ndjson")
 
