@@ -60,8 +60,24 @@ def _as_exported(blob: bytes) -> npt.NDArray[np.float64]:
     return np.frombuffer(blob, dtype=_LOGPROBS).astype(np.float64)
 
 
+_ZERO_BYTES = bytes(1 << 20)
+
+
+def _zeros(count: int) -> Text:
+    """`count` zero bytes: a view of one shared buffer where it is long enough, no new allocation."""
+    return memoryview(_ZERO_BYTES)[:count] if count <= len(_ZERO_BYTES) else bytes(count)
+
+
+# Runs of one value (mask runs, 0.0 logprobs) are views of these texts where they are long enough:
+# a 64-turn row has over a hundred runs, and a new bytes object for each costs more than the copy.
+_RUNS = {item: item * 65536 for item in (b"0,", b"1,", b"0.0,")}
+
+
 def _repeated(item: bytes, count: int) -> Text:
     """`count` times one JSON value followed by a comma, without the last comma."""
+    run = _RUNS.get(item)
+    if run is not None and 0 < count * len(item) <= len(run):
+        return memoryview(run)[: count * len(item) - 1]
     return memoryview(item * count)[:-1]
 
 
@@ -89,8 +105,11 @@ class Ids:
             return orjson.dumps(self.array(), option=_NUMPY)
         return _joined([encoder.ids(piece) for piece in self.pieces if piece[1]])
 
+    def parts(self) -> list[Text]:
+        return [blob for _, blob in self.pieces]
+
     def raw(self) -> bytes:
-        return b"".join(blob for _, blob in self.pieces)
+        return b"".join(self.parts())
 
     def array(self) -> npt.NDArray[np.int32]:
         return np.frombuffer(self.raw(), dtype=_IDS)
@@ -109,8 +128,11 @@ class Mask:
     def json(self, encoder: Encoder) -> bytes:
         return _joined([_repeated(b"1," if v else b"0,", n) for v, n in self.runs])
 
+    def parts(self) -> list[Text]:
+        return [b"\x01" * n if v else _zeros(n) for v, n in self.runs]
+
     def raw(self) -> bytes:
-        return b"".join((b"\x01" if v else b"\x00") * n for v, n in self.runs)
+        return b"".join(self.parts())
 
     def array(self) -> npt.NDArray[np.int8]:
         return np.frombuffer(self.raw(), dtype=np.int8)
@@ -152,11 +174,12 @@ class Logprobs:
             start += count
         return texts
 
-    def raw(self) -> bytes:
+    def parts(self) -> list[Text]:
         # A run of 0.0 is that many all-zero float32s.
-        return b"".join(
-            b"\x00" * (_LOGPROBS.itemsize * p) if isinstance(p, int) else p[1] for p in self.pieces
-        )
+        return [_zeros(_LOGPROBS.itemsize * p) if isinstance(p, int) else p[1] for p in self.pieces]
+
+    def raw(self) -> bytes:
+        return b"".join(self.parts())
 
     def array(self) -> npt.NDArray[np.float32]:
         return np.frombuffer(self.raw(), dtype=_LOGPROBS)
@@ -179,6 +202,9 @@ class TokenRewards:
             if self.length < 2
             else _joined([_repeated(b"0.0,", self.length - 1), orjson.dumps(self.reward)])
         )
+
+    def parts(self) -> list[Text]:
+        return [self.raw()]
 
     def raw(self) -> bytes:
         with np.errstate(over="ignore"):  # a reward past float32's range is inf, as Arrow casts it
@@ -212,12 +238,14 @@ def as_lists(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def list_values(columns: Sequence[Column], value_type: Any) -> tuple[npt.NDArray[np.int32], Any]:
-    """The offsets and the flat values of one list column over rows, as Arrow takes them: the
-    rows' buffers joined once (each column's raw bytes are already in the Arrow value type)."""
+    """The offsets and the flat values of one list column over rows, as Arrow takes them: every
+    row's blobs joined once, straight into the buffer Arrow reads (each column's bytes are already
+    in the Arrow value type), with no copy per row."""
     import pyarrow as pa
 
-    raws = [column.raw() for column in columns]
-    dtype = np.dtype(value_type.to_pandas_dtype())
-    offsets = np.zeros(len(raws) + 1, dtype=np.int32)
-    np.cumsum([len(raw) // dtype.itemsize for raw in raws], out=offsets[1:])
-    return offsets, pa.array(np.frombuffer(b"".join(raws), dtype=dtype), type=value_type)
+    parts = [column.parts() for column in columns]
+    itemsize = np.dtype(value_type.to_pandas_dtype()).itemsize
+    offsets = np.zeros(len(parts) + 1, dtype=np.int32)
+    np.cumsum([sum(len(part) for part in row) // itemsize for row in parts], out=offsets[1:])
+    data = b"".join([part for row in parts for part in row])
+    return offsets, pa.Array.from_buffers(value_type, len(data) // itemsize, [None, pa.py_buffer(data)])
