@@ -4,6 +4,7 @@ bit for bit), Parquet holds the float32 itself; positions the engine did not sam
 
 from __future__ import annotations
 
+import asyncio
 import io
 import sqlite3
 from pathlib import Path
@@ -15,6 +16,9 @@ import orjson
 import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
+from proxy.export.sqlite_reads import read_page
+from proxy.store.database import create_engine, session_factory
+from proxy.store.repository import Repository
 from tests.conftest import ProxyFactory
 from tests.fakes.sglang import FakeSGLang
 from tests.support import token_id
@@ -88,3 +92,33 @@ def test_every_exported_logprob_is_the_stored_float32(
             assert len(steps) == len(calls)
             for step, (stored, _) in zip(steps, calls, strict=True):
                 _same_bits(step["rollout_logprobs"], stored)
+
+
+def test_the_sqlite_export_reads_what_the_repository_reads(
+    start_proxy: ProxyFactory, engine: FakeSGLang, qwen_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """The stdlib read path of a SQLite export (proxy.export.sqlite_reads) returns the same calls
+    and summaries as the Repository's queries, which PostgreSQL uses."""
+    db = tmp_path / "reads.db"
+    with start_proxy(db=db) as url:
+        for session in ("r0", "r1"):
+            _conversation(url, engine, qwen_tokenizer, session, 3)
+        assert httpx.get(f"{url}/export", timeout=60).status_code == 200  # summaries stored
+    ids = ["r0", "r1", "missing"]
+
+    async def both() -> tuple[Any, Any]:
+        database = create_engine(f"sqlite:///{db}")
+        try:
+            async with session_factory(database)() as session:
+                repo = Repository(session)
+                expected = (await repo.token_calls(ids), await repo.segment_summaries(ids, "strict"))
+        finally:
+            await database.dispose()
+        return expected, await read_page(str(db), ids, "strict")
+
+    expected, got = asyncio.run(both())
+    assert got == expected
+    assert all(got[0][session] for session in ("r0", "r1"))
+    assert got[0]["missing"] == {}
+    assert all(got[1][session] for session in ("r0", "r1"))
+    assert [list(calls) for calls in got[0].values()] == [sorted(calls) for calls in got[0].values()]
