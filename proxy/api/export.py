@@ -25,7 +25,15 @@ from proxy.export.summaries import Summary, decode, fresh_summaries, leaves
 from proxy.observe.export_tally import ExportTally
 from proxy.store.models import FinishedRow, SessionRow
 from proxy.store.repository import Repository, TokenCall, utcnow
-from proxy.store.selection import ExportStatus, Page, Selection, Snapshot, selected_pages, take_snapshot
+from proxy.store.selection import (
+    ExportStatus,
+    Page,
+    Selection,
+    Snapshot,
+    selected_metas,
+    selected_pages,
+    take_snapshot,
+)
 from proxy.weight_versions import at_least
 
 router = APIRouter(tags=["export"])
@@ -224,8 +232,8 @@ async def export(
 
         async def metas() -> AsyncIterator[list[dict[str, Any]]]:
             # A first pass over the same sessions (no calls read) settles the metadata column's type.
-            async for page in selected_pages(state.db_sessions, selection, snapshot, 256):
-                yield [session.meta for _, session in page]
+            async for page in selected_metas(state.db_sessions, selection, snapshot, 256):
+                yield page
 
         metadata = await metadata_type(metas())
         return StreamingResponse(
