@@ -25,9 +25,10 @@ Stored = dict[str, dict[int, bytes]]
 
 
 def sqlite_file(url: str) -> str | None:
-    """The database file of a SQLite URL; None for any other database (or an in-memory one)."""
+    """The database file of a SQLite URL; None for any other database, an in-memory one, or a URL
+    with options (`?uri=true`, `?mode=ro`: SQLAlchemy's path honours them, this one would not)."""
     parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:") or parsed.query:
         return None
     return parsed.database
 
