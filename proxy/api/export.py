@@ -20,11 +20,20 @@ from proxy.export.branches import BranchFilter
 from proxy.export.columns import as_lists
 from proxy.export.formats import jsonl, metadata_type, parquet_stream, require_pyarrow
 from proxy.export.rows import merged_rows_of, stepwise_rows_of
+from proxy.export.sqlite_reads import read_page, sqlite_file
 from proxy.export.summaries import Summary, decode, fresh_summaries, leaves
 from proxy.observe.export_tally import ExportTally
 from proxy.store.models import FinishedRow, SessionRow
 from proxy.store.repository import Repository, TokenCall, utcnow
-from proxy.store.selection import ExportStatus, Page, Selection, Snapshot, selected_pages, take_snapshot
+from proxy.store.selection import (
+    ExportStatus,
+    Page,
+    Selection,
+    Snapshot,
+    selected_metas,
+    selected_pages,
+    take_snapshot,
+)
 from proxy.weight_versions import at_least
 
 router = APIRouter(tags=["export"])
@@ -66,10 +75,14 @@ async def _page_rows(
     summaries gets them made now."""
     ids = [session.id for _, session in page]
     drift_mode = state.settings.drift_report
-    async with state.db_sessions() as db:
-        repo = Repository(db)
-        calls = await repo.token_calls(ids)
-        stored = await repo.segment_summaries(ids, drift_mode)
+    path = sqlite_file(state.settings.db)
+    if path is not None:
+        calls, stored = await read_page(path, ids, drift_mode)
+    else:
+        async with state.db_sessions() as db:
+            repo = Repository(db)
+            calls = await repo.token_calls(ids)
+            stored = await repo.segment_summaries(ids, drift_mode)
     build = merged_rows_of if rows.mode == "merged" else stepwise_rows_of
     built = []
     for seq, session in page:
@@ -219,8 +232,8 @@ async def export(
 
         async def metas() -> AsyncIterator[list[dict[str, Any]]]:
             # A first pass over the same sessions (no calls read) settles the metadata column's type.
-            async for page in selected_pages(state.db_sessions, selection, snapshot, 256):
-                yield [session.meta for _, session in page]
+            async for page in selected_metas(state.db_sessions, selection, snapshot, 256):
+                yield page
 
         metadata = await metadata_type(metas())
         return StreamingResponse(
@@ -229,7 +242,7 @@ async def export(
 
     async def lines() -> AsyncIterator[bytes]:
         async for rows in pages:
-            yield jsonl(rows)
+            yield jsonl(rows, shared=mode == "stepwise")
 
     return StreamingResponse(tally.bytes_of(lines()), media_type="application/x-ndjson")
 

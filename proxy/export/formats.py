@@ -47,11 +47,12 @@ def export_drift(drift: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def jsonl(rows: list[dict[str, Any]]) -> bytes:
-    """JSON lines; token columns (proxy.export.columns) are written from their blobs."""
+def jsonl(rows: list[dict[str, Any]], *, shared: bool = True) -> bytes:
+    """JSON lines; token columns (proxy.export.columns) are written from their blobs, each blob
+    encoded once if it is `shared` by rows (step-wise prompts), each column whole if not (merged)."""
     from proxy.export.columns import Encoder, as_json_row
 
-    encoder = Encoder()
+    encoder = Encoder(shared=shared)
     return b"".join([as_json_row(row, encoder) for row in rows])
 
 

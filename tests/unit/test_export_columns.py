@@ -61,6 +61,7 @@ def test_columns_write_the_json_of_their_lists(
     assert lists["rollout_logprobs"] == expected
     assert lists["token_rewards"] == ([0.0] * (size - 1) + [reward] if size else [])
     assert as_json_row(row, Encoder()) == orjson.dumps(lists) + b"\n"
+    assert as_json_row(row, Encoder(shared=False)) == orjson.dumps(lists) + b"\n"
     for key in ("prompt_ids", "loss_mask", "rollout_logprobs", "token_rewards"):
         # The Arrow values are those the lists convert to (a reward past float32's range is inf).
         array = row[key].array()
