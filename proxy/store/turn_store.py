@@ -3,8 +3,8 @@
 On a SQLite file the statements run on a synchronous connection: an indexed read takes microseconds,
 far less than a hop through aiosqlite's thread and SQLAlchemy's async layer. Commits are grouped: one
 writer thread commits every turn waiting at that moment in one transaction (one fsync), then wakes
-their requests, so a turn is still durable before it is answered. Any other database (PostgreSQL)
-runs the same statements through the async engine.
+their requests, so a turn is still durable before it is answered. PostgreSQL runs the same reads on
+asyncpg's connections (pg_turns.py); an in-memory SQLite database runs them through the async engine.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ _CALLS_BY_ID = _SEGMENT_COLUMNS.where(CallRow.id.in_(bindparam("ids", expanding=
 _SESSIONS = cast(Table, SessionRow.__table__)
 _SEGMENTS = cast(Table, SegmentRow.__table__)
 _CALLS = cast(Table, CallRow.__table__)
-_NEW_CALL_FIELDS = tuple(f.name for f in fields(NewCall))
+NEW_CALL_FIELDS = tuple(f.name for f in fields(NewCall))
 _SESSION_KEYS = ("id", "status", "created_at", "updated_at", "template_now", "metadata")
 
 
@@ -200,9 +200,9 @@ def write_turns(db: Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
             for session_id, at in first_render.items()
         ],
     ).all()
-    _refuse_finished(statuses)
+    refuse_finished(statuses)
     calls = [call for write in writes for call in write.calls]
-    rows = [{name: getattr(call, name) for name in _NEW_CALL_FIELDS} | {"created_at": now} for call in calls]
+    rows = [{name: getattr(call, name) for name in NEW_CALL_FIELDS} | {"created_at": now} for call in calls]
     opening = [row for row in rows if row["segment_id"] is None]  # each opens a segment of its own
     if opening:
         segment_ids = db.execute(
@@ -218,7 +218,7 @@ def write_turns(db: Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
     return per_write
 
 
-def _refuse_finished(statuses: Sequence[Any]) -> None:
+def refuse_finished(statuses: Sequence[Any]) -> None:
     finished = sorted(session_id for session_id, status in statuses if status == "finished")
     if finished:
         # The rule: no turn is recorded after its session's finish, so none is missing from the
@@ -232,7 +232,8 @@ def _refuse_finished(statuses: Sequence[Any]) -> None:
 
 def recording_error(error: BaseException) -> ProxyError:
     """What the client is told when its turn cannot be committed (nothing of it is recorded)."""
-    if isinstance(error, IntegrityError):
+    # SQLSTATE class 23, integrity constraint violation, as asyncpg raises it on its own connections.
+    if isinstance(error, IntegrityError) or str(getattr(error, "sqlstate", "")).startswith("23"):
         # A session or segment deleted while the turn ran: its rows have nothing to belong to.
         return Conflict("the session was deleted or changed while this turn ran; nothing was recorded")
     reason = error.orig if isinstance(error, DBAPIError) else error  # the driver's words, not the SQL
@@ -320,8 +321,8 @@ class AsyncTurnStore(TurnStore):
         return None
 
 
-class _Compiled:
-    """A statement compiled once for SQLite and run on the DBAPI connection, its parameters and
+class Compiled:
+    """A statement compiled once and run on the driver's connection, its parameters and
     columns converted by SQLAlchemy's own types: building and compiling a statement per execution
     (even from SQLAlchemy's cache) cost more than the indexed read or the insert itself."""
 
@@ -359,15 +360,21 @@ class _Compiled:
         ]
         return state.statement, parameters
 
+    def bound(self, values: dict[str, Any]) -> tuple[str, list[Any]]:
+        """The statement to run for these values, and its positional parameters."""
+        return (self.sql, self.parameters(values)) if self._expanding is None else self._expanded(values)
+
     def rows(self, db: sqlite3.Connection, values: dict[str, Any]) -> list[tuple[Any, ...]]:
-        sql, parameters = (
-            (self.sql, self.parameters(values)) if self._expanding is None else self._expanded(values)
-        )
+        sql, parameters = self.bound(values)
         cursor = db.execute(sql, parameters)
         try:
             found = cursor.fetchall()
         finally:
             cursor.close()
+        return self.converted(found)
+
+    def converted(self, found: list[Any]) -> list[Any]:
+        """Rows with their columns read by SQLAlchemy's types (none on a driver that decodes them)."""
         readers = self._readers
         if not any(readers):
             return found
@@ -384,9 +391,9 @@ class _SqliteWrites:
     """write_turns' statements on SQLite's DBAPI connection (one writer: ids come from lastrowid)."""
 
     def __init__(self, dialect: Dialect) -> None:
-        self.sessions = _Compiled(_UPSERT_SESSIONS["sqlite"], dialect, _SESSION_KEYS)
-        self.segments = _Compiled(_SEGMENTS.insert(), dialect, ("session_id", "created_at"))
-        self.calls = _Compiled(_CALLS.insert(), dialect, (*_NEW_CALL_FIELDS, "created_at"))
+        self.sessions = Compiled(_UPSERT_SESSIONS["sqlite"], dialect, _SESSION_KEYS)
+        self.segments = Compiled(_SEGMENTS.insert(), dialect, ("session_id", "created_at"))
+        self.calls = Compiled(_CALLS.insert(), dialect, (*NEW_CALL_FIELDS, "created_at"))
 
     def write(self, db: sqlite3.Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
         try:
@@ -404,12 +411,12 @@ class _SqliteWrites:
         for session_id, at in first_render.items():
             values = {"id": session_id, "status": "active", "created_at": now, "updated_at": now}
             statuses += self.sessions.rows(db, values | {"template_now": at, "metadata": {}})
-        _refuse_finished(statuses)
+        refuse_finished(statuses)
         per_write = []
         for write in writes:
             call_ids = []
             for call in write.calls:
-                row = {name: getattr(call, name) for name in _NEW_CALL_FIELDS} | {"created_at": now}
+                row = {name: getattr(call, name) for name in NEW_CALL_FIELDS} | {"created_at": now}
                 if row["segment_id"] is None:  # each opens a segment of its own
                     values = {"session_id": call.session_id, "created_at": now}
                     row["segment_id"] = db.execute(
@@ -436,7 +443,7 @@ def _settle(future: asyncio.Future[list[int]], call_ids: list[int], error: BaseE
         future.set_result(call_ids)
 
 
-def _json_text(value: Any) -> str:
+def json_text(value: Any) -> str:
     try:
         return orjson.dumps(value).decode()
     except TypeError:  # what orjson refuses (an integer past 64 bits), the standard library writes
@@ -452,14 +459,14 @@ class SqliteTurnStore(TurnStore):
             sync_url,
             # One thread at a time uses each connection: the reader the loop, the writer its thread.
             connect_args={"check_same_thread": False},
-            json_serializer=_json_text,
+            json_serializer=json_text,
             json_deserializer=orjson.loads,
         )
         event.listen(self._engine, "connect", sqlite_pragmas)
         # Held open: a pool checkout costs more than the indexed read itself.
         self._reader = self._engine.connect()
         self._read_db = cast(sqlite3.Connection, self._reader.connection.dbapi_connection)
-        self._compiled: dict[int, _Compiled] = {}
+        self._compiled: dict[int, Compiled] = {}
         self._writes = _SqliteWrites(self._engine.dialect)
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_loop, name="tito-turn-writer", daemon=True)
@@ -478,7 +485,7 @@ class SqliteTurnStore(TurnStore):
     async def _rows(self, query: Query, params: dict[str, Any]) -> Sequence[Any]:
         compiled = self._compiled.get(id(query))
         if compiled is None:
-            compiled = self._compiled[id(query)] = _Compiled(query, self._engine.dialect)
+            compiled = self._compiled[id(query)] = Compiled(query, self._engine.dialect)
         try:
             return compiled.rows(self._read_db, params)
         finally:
@@ -580,10 +587,3 @@ def _checkpoint(db: sqlite3.Connection) -> int:
         log.warning("WAL checkpoint failed: %s", exc)
         return 0
     return int(pages)
-
-
-def open_turn_store(url: str, engine: AsyncEngine) -> TurnStore:
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        return SqliteTurnStore(url)
-    return AsyncTurnStore(engine)
