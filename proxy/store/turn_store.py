@@ -297,7 +297,7 @@ class TurnStore(abc.ABC):
 
 
 class AsyncTurnStore(TurnStore):
-    """The turn path on the async engine (PostgreSQL, in-memory SQLite)."""
+    """The turn path on the async engine (in-memory SQLite, or another PostgreSQL driver than asyncpg)."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
