@@ -109,8 +109,8 @@ def write_sql(opens: Sequence[bool]) -> str:
             f"c_{index} AS (INSERT INTO calls ({_CALL_COLUMNS}) "
             f"SELECT {', '.join(values)}, $2::timestamptz FROM s RETURNING id)"
         )
-    ids = ", ".join(f"(SELECT id FROM c_{index})" for index in range(len(opens)))
-    return f"WITH {', '.join(ctes)} SELECT (SELECT count(*) FROM s), {ids}"
+    ids = [f"(SELECT id FROM c_{index})" for index in range(len(opens))]
+    return f"WITH {', '.join(ctes)} SELECT {', '.join(['(SELECT count(*) FROM s)', *ids])}"
 
 
 def write_parameters(write: TurnWrite) -> list[Any]:
