@@ -42,12 +42,20 @@ def process_tree(pid: int) -> list[int]:
     return found
 
 
+def reaped_cpu_seconds(pid: int) -> float:
+    """The CPU time of the process's children that exited and were waited for (cutime + cstime):
+    PostgreSQL's backend of a closed connection, which the live tree no longer lists."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
 def tree_cpu_seconds(pid: int) -> float:
-    """The CPU time of a process and its descendants alive now (one that exits takes its time along)."""
+    """The CPU time of a process and its descendants, alive now or exited and reaped (a connection
+    pool that closes its spare connections would otherwise hide their backends' time)."""
     total = 0.0
     for member in process_tree(pid):
         with contextlib.suppress(FileNotFoundError):  # exited between the listing and the read
-            total += cpu_seconds(member)
+            total += cpu_seconds(member) + reaped_cpu_seconds(member)
     return total
 
 

@@ -64,7 +64,7 @@ from proxy.store.database import (
 )
 from proxy.store.models import REASONING_SECRET_KEY
 from proxy.store.repository import Repository, first_setting, utcnow
-from proxy.store.turn_store import open_turn_store
+from proxy.store.stores import open_turn_store
 from proxy.turns import TurnRunner
 from proxy.weight_sync import PauseGate
 

@@ -3,8 +3,8 @@
 On a SQLite file the statements run on a synchronous connection: an indexed read takes microseconds,
 far less than a hop through aiosqlite's thread and SQLAlchemy's async layer. Commits are grouped: one
 writer thread commits every turn waiting at that moment in one transaction (one fsync), then wakes
-their requests, so a turn is still durable before it is answered. Any other database (PostgreSQL)
-runs the same statements through the async engine.
+their requests, so a turn is still durable before it is answered. PostgreSQL runs the same reads on
+asyncpg's connections (pg_turns.py); an in-memory SQLite database runs them through the async engine.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import abc
 import asyncio
 import json
 import logging
+import operator
 import queue
 import sqlite3
 import threading
@@ -23,10 +24,10 @@ from datetime import datetime
 from typing import Any, cast
 
 import orjson
-from sqlalchemy import Connection, Integer, Select, Table, bindparam, create_engine, event, select
+from sqlalchemy import JSON, Connection, Integer, Select, Table, bindparam, create_engine, event, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect, make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from proxy.errors import Conflict, ProxyError, RecordFailed, SessionFinished
@@ -162,8 +163,9 @@ _CALLS_BY_ID = _SEGMENT_COLUMNS.where(CallRow.id.in_(bindparam("ids", expanding=
 _SESSIONS = cast(Table, SessionRow.__table__)
 _SEGMENTS = cast(Table, SegmentRow.__table__)
 _CALLS = cast(Table, CallRow.__table__)
-_NEW_CALL_FIELDS = tuple(f.name for f in fields(NewCall))
-_SESSION_KEYS = ("id", "status", "created_at", "updated_at", "template_now", "metadata")
+NEW_CALL_FIELDS = tuple(f.name for f in fields(NewCall))
+_CALL_VALUES = operator.attrgetter(*NEW_CALL_FIELDS)
+_SEGMENT_INDEX = NEW_CALL_FIELDS.index("segment_id")
 
 
 def _session_upsert(insert_for: Any) -> Any:
@@ -200,9 +202,9 @@ def write_turns(db: Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
             for session_id, at in first_render.items()
         ],
     ).all()
-    _refuse_finished(statuses)
+    refuse_finished(statuses)
     calls = [call for write in writes for call in write.calls]
-    rows = [{name: getattr(call, name) for name in _NEW_CALL_FIELDS} | {"created_at": now} for call in calls]
+    rows = [{name: getattr(call, name) for name in NEW_CALL_FIELDS} | {"created_at": now} for call in calls]
     opening = [row for row in rows if row["segment_id"] is None]  # each opens a segment of its own
     if opening:
         segment_ids = db.execute(
@@ -218,7 +220,7 @@ def write_turns(db: Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
     return per_write
 
 
-def _refuse_finished(statuses: Sequence[Any]) -> None:
+def refuse_finished(statuses: Sequence[Any]) -> None:
     finished = sorted(session_id for session_id, status in statuses if status == "finished")
     if finished:
         # The rule: no turn is recorded after its session's finish, so none is missing from the
@@ -232,7 +234,8 @@ def _refuse_finished(statuses: Sequence[Any]) -> None:
 
 def recording_error(error: BaseException) -> ProxyError:
     """What the client is told when its turn cannot be committed (nothing of it is recorded)."""
-    if isinstance(error, IntegrityError):
+    # SQLSTATE class 23, integrity constraint violation, as asyncpg raises it on its own connections.
+    if isinstance(error, IntegrityError) or str(getattr(error, "sqlstate", "")).startswith("23"):
         # A session or segment deleted while the turn ran: its rows have nothing to belong to.
         return Conflict("the session was deleted or changed while this turn ran; nothing was recorded")
     reason = error.orig if isinstance(error, DBAPIError) else error  # the driver's words, not the SQL
@@ -294,7 +297,7 @@ class TurnStore(abc.ABC):
 
 
 class AsyncTurnStore(TurnStore):
-    """The turn path on the async engine (PostgreSQL, in-memory SQLite)."""
+    """The turn path on the async engine (in-memory SQLite, or another PostgreSQL driver than asyncpg)."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
@@ -320,8 +323,8 @@ class AsyncTurnStore(TurnStore):
         return None
 
 
-class _Compiled:
-    """A statement compiled once for SQLite and run on the DBAPI connection, its parameters and
+class Compiled:
+    """A statement compiled once and run on the driver's connection, its parameters and
     columns converted by SQLAlchemy's own types: building and compiling a statement per execution
     (even from SQLAlchemy's cache) cost more than the indexed read or the insert itself."""
 
@@ -359,15 +362,21 @@ class _Compiled:
         ]
         return state.statement, parameters
 
+    def bound(self, values: dict[str, Any]) -> tuple[str, list[Any]]:
+        """The statement to run for these values, and its positional parameters."""
+        return (self.sql, self.parameters(values)) if self._expanding is None else self._expanded(values)
+
     def rows(self, db: sqlite3.Connection, values: dict[str, Any]) -> list[tuple[Any, ...]]:
-        sql, parameters = (
-            (self.sql, self.parameters(values)) if self._expanding is None else self._expanded(values)
-        )
+        sql, parameters = self.bound(values)
         cursor = db.execute(sql, parameters)
         try:
             found = cursor.fetchall()
         finally:
             cursor.close()
+        return self.converted(found)
+
+    def converted(self, found: list[Any]) -> list[Any]:
+        """Rows with their columns read by SQLAlchemy's types (none on a driver that decodes them)."""
         readers = self._readers
         if not any(readers):
             return found
@@ -381,12 +390,27 @@ class _Compiled:
 
 
 class _SqliteWrites:
-    """write_turns' statements on SQLite's DBAPI connection (one writer: ids come from lastrowid)."""
+    """write_turns' statements on SQLite's DBAPI connection, their parameters converted by hand once
+    per group where SQLAlchemy's types would convert each value of each row (the dates of a group
+    are one value; only the JSON columns differ per row)."""
 
     def __init__(self, dialect: Dialect) -> None:
-        self.sessions = _Compiled(_UPSERT_SESSIONS["sqlite"], dialect, _SESSION_KEYS)
-        self.segments = _Compiled(_SEGMENTS.insert(), dialect, ("session_id", "created_at"))
-        self.calls = _Compiled(_CALLS.insert(), dialect, (*_NEW_CALL_FIELDS, "created_at"))
+        when = _SESSIONS.c.created_at.type.dialect_impl(dialect).bind_processor(dialect)
+        date = _SESSIONS.c.template_now.type.dialect_impl(dialect).bind_processor(dialect)
+        assert when is not None
+        assert date is not None
+        self._when, self._date = when, date
+        # A finished session's row is left as it is: no change (rowcount 0) refuses the group, with
+        # no read after the write.
+        self.sessions = (
+            "INSERT INTO sessions (id, status, created_at, updated_at, template_now, metadata)"
+            " VALUES (?, 'active', ?, ?, ?, '{}') ON CONFLICT (id) DO UPDATE"
+            " SET updated_at = excluded.updated_at WHERE sessions.status != 'finished'"
+        )
+        self.segments = "INSERT INTO segments (session_id, created_at) VALUES (?, ?)"
+        columns = (*NEW_CALL_FIELDS, "created_at")
+        self.calls = f"INSERT INTO calls ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+        self._json = [i for i, name in enumerate(NEW_CALL_FIELDS) if isinstance(_CALLS.c[name].type, JSON)]
 
     def write(self, db: sqlite3.Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
         try:
@@ -396,28 +420,31 @@ class _SqliteWrites:
             raise DBAPIError.instance(None, None, exc, sqlite3.Error) from exc
 
     def _write(self, db: sqlite3.Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
-        now = utcnow()
+        now = self._when(utcnow())
         first_render: dict[str, datetime] = {}
         for write in writes:
             first_render.setdefault(write.session_id, write.template_now)
-        statuses = []
         for session_id, at in first_render.items():
-            values = {"id": session_id, "status": "active", "created_at": now, "updated_at": now}
-            statuses += self.sessions.rows(db, values | {"template_now": at, "metadata": {}})
-        _refuse_finished(statuses)
-        per_write = []
-        for write in writes:
-            call_ids = []
-            for call in write.calls:
-                row = {name: getattr(call, name) for name in _NEW_CALL_FIELDS} | {"created_at": now}
-                if row["segment_id"] is None:  # each opens a segment of its own
-                    values = {"session_id": call.session_id, "created_at": now}
-                    row["segment_id"] = db.execute(
-                        self.segments.sql, self.segments.parameters(values)
-                    ).lastrowid
-                call_ids.append(int(db.execute(self.calls.sql, self.calls.parameters(row)).lastrowid or 0))
-            per_write.append(call_ids)
-        return per_write
+            if db.execute(self.sessions, (session_id, now, now, self._date(at))).rowcount == 0:
+                refuse_finished([(session_id, "finished")])
+        rows = [self._row(db, call, now) for write in writes for call in write.calls]
+        if not rows:
+            return [[] for _ in writes]
+        db.executemany(self.calls, rows)
+        # One writer, one statement: its rows took consecutive ids (AUTOINCREMENT), the last of them
+        # last_insert_rowid().
+        [(last,)] = db.execute("SELECT last_insert_rowid()").fetchall()
+        call_ids = iter(range(last - len(rows) + 1, last + 1))
+        return [[next(call_ids) for _ in write.calls] for write in writes]
+
+    def _row(self, db: sqlite3.Connection, call: NewCall, now: str) -> list[Any]:
+        row = list(_CALL_VALUES(call))
+        for index in self._json:
+            row[index] = json_text(row[index])
+        if call.segment_id is None:  # each opens a segment of its own
+            row[_SEGMENT_INDEX] = db.execute(self.segments, (call.session_id, now)).lastrowid
+        row.append(now)
+        return row
 
 
 @dataclass
@@ -427,16 +454,21 @@ class _Pending:
     loop: asyncio.AbstractEventLoop
 
 
-def _settle(future: asyncio.Future[list[int]], call_ids: list[int], error: BaseException | None) -> None:
-    if future.done():  # the request was cancelled; its turn is recorded all the same
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(call_ids)
+# A turn's outcome: its call ids once committed, or the error that kept it from being recorded.
+_Outcome = tuple[_Pending, list[int], BaseException | None]
 
 
-def _json_text(value: Any) -> str:
+def _settle(outcomes: list[_Outcome]) -> None:
+    for pending, call_ids, error in outcomes:
+        if pending.future.done():  # the request was cancelled; its turn is recorded all the same
+            continue
+        if error is not None:
+            pending.future.set_exception(error)
+        else:
+            pending.future.set_result(call_ids)
+
+
+def json_text(value: Any) -> str:
     try:
         return orjson.dumps(value).decode()
     except TypeError:  # what orjson refuses (an integer past 64 bits), the standard library writes
@@ -452,14 +484,14 @@ class SqliteTurnStore(TurnStore):
             sync_url,
             # One thread at a time uses each connection: the reader the loop, the writer its thread.
             connect_args={"check_same_thread": False},
-            json_serializer=_json_text,
+            json_serializer=json_text,
             json_deserializer=orjson.loads,
         )
         event.listen(self._engine, "connect", sqlite_pragmas)
         # Held open: a pool checkout costs more than the indexed read itself.
         self._reader = self._engine.connect()
         self._read_db = cast(sqlite3.Connection, self._reader.connection.dbapi_connection)
-        self._compiled: dict[int, _Compiled] = {}
+        self._compiled: dict[int, Compiled] = {}
         self._writes = _SqliteWrites(self._engine.dialect)
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_loop, name="tito-turn-writer", daemon=True)
@@ -478,7 +510,7 @@ class SqliteTurnStore(TurnStore):
     async def _rows(self, query: Query, params: dict[str, Any]) -> Sequence[Any]:
         compiled = self._compiled.get(id(query))
         if compiled is None:
-            compiled = self._compiled[id(query)] = _Compiled(query, self._engine.dialect)
+            compiled = self._compiled[id(query)] = Compiled(query, self._engine.dialect)
         try:
             return compiled.rows(self._read_db, params)
         finally:
@@ -492,8 +524,10 @@ class SqliteTurnStore(TurnStore):
         # Shielded: a request cancelled while waiting must not cancel a commit under way.
         try:
             return await asyncio.shield(future)
-        except SQLAlchemyError as exc:
-            raise recording_error(exc) from exc
+        except Exception as exc:
+            if is_database_failure(exc):  # SQLAlchemy's errors, or the driver's own from a commit
+                raise recording_error(exc) from exc
+            raise
 
     async def close(self) -> None:
         self._queue.put(None)
@@ -538,7 +572,7 @@ class SqliteTurnStore(TurnStore):
                 if self._wal_long:
                     self._wal_long = _checkpoint(raw) > WAL_LIMIT_PAGES
                 began = time.perf_counter()
-                self._commit(db, group)
+                self._deliver(self._commit(db, group))
                 self._commits += 1
                 if self._commits >= CHECKPOINT_AFTER_COMMITS:
                     self._commits = 0
@@ -548,28 +582,34 @@ class SqliteTurnStore(TurnStore):
                 if stopping:
                     return
 
-    def _commit(self, db: Connection, group: list[_Pending]) -> None:
+    def _commit(self, db: Connection, group: list[_Pending]) -> list[_Outcome]:
+        """Each turn's call ids, or why it failed; a turn has ids only once its commit is done."""
+        raw = cast(sqlite3.Connection, db.connection.dbapi_connection)
         try:
             with db.begin():
-                raw = cast(sqlite3.Connection, db.connection.dbapi_connection)
                 results = self._writes.write(raw, [pending.write for pending in group])
         except Exception as error:
+            # A failed COMMIT (the disk, a lock) may leave SQLite's transaction open: its rows would
+            # be committed with the next group's, under turns told they were not recorded.
+            if raw.in_transaction:
+                raw.rollback()
             if len(group) == 1:
-                self._deliver(group[0], [], error)
-                return
+                return [(group[0], [], error)]
             # One bad write must not fail the others: commit each on its own.
-            for pending in group:
-                self._commit(db, [pending])
-            return
-        for pending, call_ids in zip(group, results, strict=True):
-            self._deliver(pending, call_ids, None)
+            return [outcome for pending in group for outcome in self._commit(db, [pending])]
+        return [(pending, call_ids, None) for pending, call_ids in zip(group, results, strict=True)]
 
     @staticmethod
-    def _deliver(pending: _Pending, call_ids: list[int], error: BaseException | None) -> None:
-        try:
-            pending.loop.call_soon_threadsafe(_settle, pending.future, call_ids, error)
-        except RuntimeError:  # the loop has closed: nobody waits for this answer any more
-            log.warning("a turn's write ended (%s) after its event loop closed", error or "committed")
+    def _deliver(outcomes: list[_Outcome]) -> None:
+        """Wakes each event loop once for the whole group (a wake-up per turn costs the loop more)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+        for outcome in outcomes:
+            by_loop.setdefault(outcome[0].loop, []).append(outcome)
+        for loop, settled in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle, settled)
+            except RuntimeError:  # the loop has closed: nobody waits for these answers any more
+                log.warning("%d turns' writes ended after their event loop closed", len(settled))
 
 
 def _checkpoint(db: sqlite3.Connection) -> int:
@@ -580,10 +620,3 @@ def _checkpoint(db: sqlite3.Connection) -> int:
         log.warning("WAL checkpoint failed: %s", exc)
         return 0
     return int(pages)
-
-
-def open_turn_store(url: str, engine: AsyncEngine) -> TurnStore:
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        return SqliteTurnStore(url)
-    return AsyncTurnStore(engine)

@@ -15,9 +15,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Connection, text
 
-from proxy.errors import Conflict
+from proxy.errors import Conflict, SessionFinished
 from proxy.store.database import create_engine, upgrade_blocking
 from proxy.store.models import Base
+from proxy.store.pg_turns import PostgresTurnStore
 from proxy.store.turn_store import AsyncTurnStore, write_turns
 from tests.conftest import ProxyFactory
 from tests.support import reply, segments
@@ -71,6 +72,52 @@ def test_the_turn_store_writes_groups_and_refuses_a_write_to_a_deleted_segment(p
                 await store.record(turn_write("c", segment_id=987654))
             assert await store.session_state("c") is None  # rolled back with the refused call
         finally:
+            await engine.dispose()
+
+    asyncio.run(scenario())
+
+
+def test_the_asyncpg_store_writes_a_turn_in_one_statement_and_refuses_what_the_engine_store_refuses(
+    postgres_url: str,
+) -> None:
+    upgrade_blocking(postgres_url)
+
+    async def scenario() -> None:
+        engine = create_engine(postgres_url)
+        store = PostgresTurnStore(engine)
+        try:
+            assert await store.turn_start("a") == (None, None)
+            first, second = await store.record(turn_write("a", calls=2, content="ünï 🌍"))
+            assert second > first  # choices in order, each in a segment of its own
+            continued, _ = await store.calls_with_history("a", "k")  # newest first
+            assert continued.id == second
+            [later] = await store.record(turn_write("a", segment_id=continued.segment_id, parent_id=second))
+            segment = await store.segment_rows(continued.segment_id)
+            assert [(call.id, call.parent_id) for call in segment] == [(second, None), (later, second)]
+            assert segment[0].request == {"messages": [{"role": "user", "content": "ünï 🌍"}]}
+            assert segment[0].output_ids == b"\x02\x00\x00\x00"
+            assert [call.id for call in await store.calls([later, first])] == [first, later]
+            state, version = await store.turn_start("a")
+            assert state is not None
+            assert (state.status, state.template_now, version) == ("active", datetime(2026, 1, 2), None)
+            # A segment deleted while the turn ran: a 409, and nothing of the write stays (its session).
+            with pytest.raises(Conflict):
+                await store.record(turn_write("c", segment_id=987654))
+            assert await store.session_state("c") is None
+            # A finished session takes no turn, and its row is not touched.
+            async with engine.begin() as db:
+                await db.execute(text("update sessions set status = 'finished' where id = 'a'"))
+                touched = (await db.execute(text("select updated_at from sessions where id = 'a'"))).scalar()
+            with pytest.raises(SessionFinished):
+                await store.record(turn_write("a"))
+            recorded = (
+                "select count(*), max(s.updated_at) from calls c join sessions s on s.id = c.session_id"
+            )
+            async with engine.connect() as db:
+                rows = (await db.execute(text(recorded))).one()
+            assert tuple(rows) == (3, touched)
+        finally:
+            await store.close()
             await engine.dispose()
 
     asyncio.run(scenario())

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sqlite3
 from collections.abc import Callable
+from contextlib import closing
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, event
 
-from proxy.errors import Conflict, SessionFinished
+from proxy.errors import Conflict, RecordFailed, SessionFinished
 from proxy.store import turn_store
 from proxy.store.database import create_engine, upgrade_blocking
 from proxy.store.turn_store import AsyncTurnStore, SqliteTurnStore, TurnStore
@@ -152,6 +154,44 @@ def test_turns_waiting_together_commit_in_one_transaction(db: Path) -> None:
     assert len(commits) <= 2
 
 
+def test_a_group_of_many_choices_and_continuations_gives_each_request_its_own_ids(db: Path) -> None:
+    """The group's calls go in with one statement: each request still gets back its own calls' ids."""
+
+    async def scenario() -> tuple[list[int], list[list[int]]]:
+        store = SqliteTurnStore(f"sqlite:///{db}")
+        try:
+            first = await store.record(turn_write("a"))
+            with closing(sqlite3.connect(db)) as other:
+                [(segment,)] = other.execute("select segment_id from calls").fetchall()
+            holder = _hold_write_lock(db)
+            writes = [
+                turn_write("b", calls=3),
+                turn_write("a", segment_id=segment, parent_id=first[0], content="next"),
+                turn_write("c", calls=2, content="c"),
+            ]
+            pending = [asyncio.create_task(store.record(write)) for write in writes]
+            await asyncio.sleep(0.2)
+            holder.rollback()
+            holder.close()
+            return first, await asyncio.gather(*pending)
+        finally:
+            await store.close()
+
+    first, (b, a, c) = asyncio.run(scenario())
+    assert (len(b), len(a), len(c)) == (3, 1, 2)
+    with sqlite3.connect(db) as other:
+        rows = {
+            call_id: (session, parent, json.loads(request)["messages"][0]["content"])
+            for call_id, session, parent, request in other.execute(
+                "select id, session_id, parent_id, request from calls"
+            )
+        }
+    assert [rows[i] for i in b] == [("b", None, "hi")] * 3
+    assert [rows[i] for i in a] == [("a", first[0], "next")]
+    assert [rows[i] for i in c] == [("c", None, "c")] * 2
+    assert len(rows) == 7
+
+
 def test_a_cancelled_request_still_has_its_turn_committed(db: Path) -> None:
     async def scenario() -> None:
         store = SqliteTurnStore(f"sqlite:///{db}")
@@ -169,6 +209,37 @@ def test_a_cancelled_request_still_has_its_turn_committed(db: Path) -> None:
 
     asyncio.run(scenario())
     assert len(_recorded_ids(db)) == 1
+
+
+def test_a_group_whose_commit_fails_answers_none_of_its_turns_and_leaves_nothing_behind(db: Path) -> None:
+    """A commit that fails (the disk) fails every turn of its group, each retried alone first, and
+    none of their rows stays in the connection for the next group's commit to write."""
+
+    def failing(connection: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    async def scenario() -> tuple[list[list[int] | BaseException], list[int]]:
+        store = SqliteTurnStore(f"sqlite:///{db}")
+        try:
+            holder = _hold_write_lock(db)  # the five turns queue, and commit as one group
+            pending = [asyncio.create_task(store.record(turn_write(f"s{i}"))) for i in range(5)]
+            await asyncio.sleep(0.2)
+            event.listen(Engine, "commit", failing)
+            try:
+                holder.rollback()
+                holder.close()
+                failed = await asyncio.gather(*pending, return_exceptions=True)
+            finally:
+                event.remove(Engine, "commit", failing)
+            return failed, await store.record(turn_write("later"))
+        finally:
+            await store.close()
+
+    failed, later = asyncio.run(scenario())
+    assert all(isinstance(error, RecordFailed) for error in failed), failed
+    assert _recorded_ids(db) == set(later)
+    with sqlite3.connect(db) as other:
+        assert [row[0] for row in other.execute("select id from sessions")] == ["later"]
 
 
 @pytest.mark.parametrize("kind", STORES)
