@@ -14,7 +14,7 @@ from yarl import URL
 
 from proxy.engines import keepalive
 from proxy.engines import router as sglang_router
-from proxy.engines.answers import json_body
+from proxy.engines.answers import json_answer
 from proxy.engines.base import (
     ContextLimits,
     EngineInfo,
@@ -25,6 +25,7 @@ from proxy.engines.base import (
     StreamChunk,
     TopLogprobs,
 )
+from proxy.engines.http1 import EngineHTTP
 from proxy.engines.routed_experts import ExpertsAsk, RoutedExperts, from_sglang
 from proxy.errors import (
     ContextLengthExceeded,
@@ -207,7 +208,9 @@ class SGLangEngine:
         self.router = router
         # A generation may take long; what must not is the wait for its next bytes.
         self._timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=timeout_s)
-        self._client: aiohttp.ClientSession | None = None
+        self._timeout_s = timeout_s
+        self._client: aiohttp.ClientSession | None = None  # streams and the other routes
+        self._plain: EngineHTTP | None = None  # plain generations, the hot path
 
     def _url(self, path: str) -> URL:
         return URL(self._base_url + path)
@@ -219,13 +222,22 @@ class SGLangEngine:
             self._client = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self._client
 
+    def _http(self) -> EngineHTTP:
+        if self._plain is None:
+            self._plain = EngineHTTP(self._base_url, engine="the engine", timeout_s=self._timeout_s)
+        return self._plain
+
+    def _headers(self, affinity: str | None) -> dict[str, str]:
+        headers = {"content-type": "application/json"}
+        if self.router and affinity is not None:
+            headers.update(sglang_router.routing_headers(affinity))
+        return headers
+
     async def _send(
         self, path: str, payload: dict[str, Any], affinity: str | None = None
     ) -> aiohttp.ClientResponse:
         """POST the payload; the response is open, its body unread."""
-        headers = {"content-type": "application/json"}
-        if self.router and affinity is not None:
-            headers.update(sglang_router.routing_headers(affinity))
+        headers = self._headers(affinity)
         try:
             url, body = self._url(path), _json(payload)
             return await keepalive.post(self._session(), url, data=body, headers=headers)
@@ -254,9 +266,11 @@ class SGLangEngine:
         affinity: str | None = None,
     ) -> Generation:
         payload = _request_payload(input_ids, params, request_id or uuid.uuid4().hex, stream=False)
-        response = await self._send("/generate", payload, affinity)
-        await self._raise_for_status(response, params)
-        body = await json_body(response, "the engine")
+        answer = await self._http().post("/generate", _json(payload), self._headers(affinity))
+        if answer.status != 200:
+            message = _error_message(answer.status, answer.body)
+            raise _adapter_refusal(refusal(answer.status, message), params)
+        body = json_answer(answer.body, "the engine")
         if isinstance(body, list):
             if len(body) != 1:
                 raise EngineError(f"the engine answered {len(body)} outputs for one prompt")
@@ -410,6 +424,8 @@ class SGLangEngine:
         return status == 200
 
     async def aclose(self) -> None:
+        if self._plain is not None:
+            await self._plain.aclose()
         if self._client is not None:
             await self._client.close()
 

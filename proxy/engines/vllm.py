@@ -49,7 +49,7 @@ import orjson
 from yarl import URL
 
 from proxy.engines import keepalive
-from proxy.engines.answers import json_body
+from proxy.engines.answers import json_answer
 from proxy.engines.base import (
     ContextLimits,
     EngineInfo,
@@ -58,6 +58,7 @@ from proxy.engines.base import (
     SamplingParams,
     StreamChunk,
 )
+from proxy.engines.http1 import Answer, EngineHTTP
 from proxy.engines.routed_experts import RoutedExperts, from_vllm
 from proxy.engines.sglang import adapter_cards, lines_of
 from proxy.engines.vllm_probe import LogprobsMode, VLLMProbe, base_model, mode_in_server_info
@@ -115,7 +116,9 @@ class VLLMEngine:
         self._headers = {"content-type": "application/json"}
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
-        self._client: aiohttp.ClientSession | None = None
+        self._timeout_s = timeout_s
+        self._client: aiohttp.ClientSession | None = None  # streams, probes and aborts
+        self._plain: EngineHTTP | None = None  # plain generations, the hot path
         self.probe: VLLMProbe | None = None
         self._running: set[str] = set()  # engine ids of the requests in progress, for abort_all
 
@@ -127,6 +130,11 @@ class VLLMEngine:
             connector = aiohttp.TCPConnector(limit=1024, keepalive_timeout=_KEEPALIVE_S)
             self._client = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self._client
+
+    def _http(self) -> EngineHTTP:
+        if self._plain is None:
+            self._plain = EngineHTTP(self._base_url, engine="vLLM", timeout_s=self._timeout_s)
+        return self._plain
 
     # --- start-up probe ---
 
@@ -225,11 +233,33 @@ class VLLMEngine:
         try:
             return probe, await self._send(probe, prompt, params, rid, stream=stream)
         except _Disabled:
-            log.warning(
-                "vLLM's %s is disabled (no --enable-scale-out): using %s", GENERATE_PATH, COMPLETIONS_PATH
-            )
-            self.probe = probe = replace(probe, route="completions")
+            probe = self._to_completions(probe)
             return probe, await self._send(probe, prompt, params, rid, stream=stream)
+
+    async def _answer(self, prompt: PromptIds, params: SamplingParams, rid: str) -> tuple[VLLMProbe, Answer]:
+        """A plain request's whole answer, as _open sends a stream's."""
+        probe = await self._ensure()
+        try:
+            return probe, await self._post(probe, prompt, params, rid)
+        except _Disabled:
+            probe = self._to_completions(probe)
+            return probe, await self._post(probe, prompt, params, rid)
+
+    def _to_completions(self, probe: VLLMProbe) -> VLLMProbe:
+        log.warning(
+            "vLLM's %s is disabled (no --enable-scale-out): using %s", GENERATE_PATH, COMPLETIONS_PATH
+        )
+        self.probe = probe = replace(probe, route="completions")
+        return probe
+
+    async def _post(self, probe: VLLMProbe, prompt: PromptIds, params: SamplingParams, rid: str) -> Answer:
+        path = GENERATE_PATH if probe.route == "generate" else COMPLETIONS_PATH
+        payload = self._payload(probe, prompt, params, rid, stream=False)
+        body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+        answer = await self._http().post(path, body, self._headers)
+        if answer.status != 200:
+            raise _refusal(probe, params, answer.status, answer.body)
+        return answer
 
     async def _send(
         self, probe: VLLMProbe, prompt: PromptIds, params: SamplingParams, rid: str, *, stream: bool
@@ -255,14 +285,7 @@ class VLLMEngine:
             content = b""
         finally:
             response.release()
-        if response.status == 403 and probe.route == "generate":
-            raise _Disabled
-        message = error_message(response.status, content)
-        if response.status == 404 and params.adapter is not None:  # vLLM's answer for an unknown model
-            raise ModelNotFound(
-                f"vLLM does not serve the LoRA adapter {params.adapter!r} (any more): {message}"
-            )
-        raise _status_error(response.status, message)
+        raise _refusal(probe, params, response.status, content)
 
     def _generation(
         self, probe: VLLMProbe, parsed: ParsedChoice, params: SamplingParams, rid: str, experts: Any
@@ -301,8 +324,8 @@ class VLLMEngine:
             self._running.discard(engine_id)
 
     async def _generate(self, input_ids: PromptIds, params: SamplingParams, rid: str) -> Generation:
-        probe, response = await self._open(input_ids, params, rid, stream=False)
-        body = await json_body(response, "vLLM")
+        probe, answer = await self._answer(input_ids, params, rid)
+        body = json_answer(answer.body, "vLLM")
         choice = single_choice(body)
         if choice is None:
             raise EngineError("vLLM answered without a choice")
@@ -429,6 +452,8 @@ class VLLMEngine:
             return False
 
     async def aclose(self) -> None:
+        if self._plain is not None:
+            await self._plain.aclose()
         if self._client is not None:
             await self._client.close()
 
@@ -444,6 +469,16 @@ def _routed_experts(choice: dict[str, Any], params: SamplingParams, end: int) ->
 def _engine_id(route: Route, request_id: str) -> str:
     """The id vLLM's engine gives a request, which is what its abort routes take."""
     return f"generate-tokens-{request_id}" if route == "generate" else f"cmpl-{request_id}-0"
+
+
+def _refusal(probe: VLLMProbe, params: SamplingParams, status: int, content: bytes) -> Exception:
+    """The error for a non-200 answer; _Disabled for a generate route served without it."""
+    if status == 403 and probe.route == "generate":
+        return _Disabled()
+    message = error_message(status, content)
+    if status == 404 and params.adapter is not None:  # vLLM's answer for an unknown model
+        return ModelNotFound(f"vLLM does not serve the LoRA adapter {params.adapter!r} (any more): {message}")
+    return _status_error(status, message)
 
 
 def _status_error(status: int, message: str) -> ProxyError:
