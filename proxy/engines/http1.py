@@ -1,19 +1,19 @@
-"""A lean HTTP/1.1 keep-alive client for an engine's plain answers: POST a JSON body, read the whole
-answer, over a pool of asyncio connections to one engine URL.
+"""A lean HTTP/1.1 keep-alive client for an engine's generations: POST a JSON body, read the answer
+whole or as a stream, over a pool of asyncio connections to one engine URL.
 
-Why not aiohttp here: a plain /generate is the hop every turn takes, and aiohttp's request machinery
+Why not aiohttp here: a generation is the hop every turn takes, and aiohttp's request machinery
 (URL objects, header multidicts, a response object, a stream reader, timer contexts) cost ~11% of a
 turn's CPU. This client writes the request in one buffer and lets httptools (llhttp) parse the answer
-in the protocol's callbacks: one future per request, one timer. Streams and the rare calls (probes,
-aborts, /v1/models) stay on aiohttp.
+in the protocol's callbacks (proxy/engines/http1_wire.py): one future per request, one timer. The
+rare calls (probes, aborts, /v1/models, router workers) stay on aiohttp.
 
-Rules kept from the aiohttp client (proxy/engines/keepalive.py):
+Rules kept from the aiohttp client:
 - A pooled connection the engine closed while it sat idle (its keep-alive timeout, seen late by a
   busy loop) fails before any byte of the answer: the engine never read the request, so it is sent
   again, once, on a fresh connection. A fresh connection's failure is never retried, nor is an
   answer cut after its first byte (the engine may have sampled).
-- A request cancelled mid-flight (the client left) closes its connection: the engine aborts the
-  request, and a half-read connection never goes back to the pool.
+- A request cancelled mid-flight (the client left) and a stream left unfinished close their
+  connection: the engine aborts the request, and a half-read connection never goes back to the pool.
 - The timeout is on the wait for the engine's next bytes, not on the whole generation.
 """
 
@@ -24,14 +24,13 @@ import contextlib
 import ssl
 import time
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import cast
+from collections.abc import AsyncIterator, Mapping
 from urllib.parse import urlsplit
 
-import httptools
-
+from proxy.engines.http1_wire import Answer, AnswerCut, Connection, Stale
 from proxy.errors import EngineTimeout, EngineUnavailable, InvalidRequest
+
+__all__ = ["Answer", "AnswerCut", "EngineHTTP", "Stream"]
 
 # Below uvicorn's 5 s keep-alive (SGLang and vLLM serve with it): a pooled connection is not reused
 # just as the engine closes it.
@@ -40,132 +39,36 @@ CONNECT_TIMEOUT_S = 10.0
 POOL_LIMIT = 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """A whole HTTP answer: its status and body (the body decoded from chunks where it was chunked)."""
+class Stream:
+    """An answer whose body is read as it arrives. release() when done with it: the connection goes
+    back to the pool only when the body was read to its end."""
 
-    status: int
-    body: bytes
+    def __init__(self, client: EngineHTTP, connection: Connection, head: Answer) -> None:
+        self.status = head.status
+        self.content_type = head.content_type
+        self._client = client
+        self._connection = connection
+        self._open = True
 
+    async def blocks(self) -> AsyncIterator[bytes]:
+        """The body's blocks as they arrive; raises AnswerCut or TimeoutError."""
+        while (block := await self._connection.next_block()) is not None:
+            yield block
 
-class _Stale(Exception):
-    """The connection closed before any byte of its answer."""
+    async def read(self) -> bytes:
+        """The rest of the body, whole."""
+        return b"".join([block async for block in self.blocks()])
 
-
-class _Cut(Exception):
-    """The connection closed or broke after its answer began, or the answer was not HTTP."""
-
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection: answers one request at a time into a future."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self.transport: asyncio.Transport | None = None
-        self.closed = loop.create_future()  # set when the socket is gone
-        self.answers = 0  # answers read whole: a connection with none is fresh
-        self.idle_since = 0.0
-        self.keep_alive = False
-        self._parser = httptools.HttpResponseParser(self)
-        self._answer: asyncio.Future[Answer] | None = None
-        self._chunks: list[bytes] = []
-        self._received = False  # a byte of the current answer arrived
-        self._framed = False  # the answer has a Content-Length or is chunked
-        self._headers_done = False
-        self._last_read = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-        self._timeout = 0.0
-
-    def usable(self, now: float) -> bool:
-        transport = self.transport
-        return transport is not None and not transport.is_closing() and now - self.idle_since < IDLE_S
-
-    def send(self, request: bytes, timeout_s: float) -> asyncio.Future[Answer]:
-        """Write the request; the future holds its answer, or _Stale, _Cut, TimeoutError."""
-        assert self.transport is not None
-        self._answer = answer = self._loop.create_future()
-        self._chunks = []
-        self._received = self._framed = self._headers_done = False
-        self._timeout = timeout_s
-        self._last_read = now = self._loop.time()
-        self._timer = self._loop.call_at(now + timeout_s, self._check_silence)
-        self.transport.write(request)
-        return answer
+    def release(self) -> None:
+        if self._open:
+            self._open = False
+            self._client.give_back(self._connection)
 
     def close(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()  # nothing is left to flush; an engine reads a reset as the client gone
-
-    # --- asyncio.Protocol ---
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's TCPTransport (the loop the proxy serves on) is no asyncio.Transport subclass.
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        if self._answer is None:  # bytes nobody asked for: the connection is out of step
-            self.close()
-            return
-        self._received = True
-        self._last_read = self._loop.time()
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._finish(_Cut(f"malformed HTTP answer: {exc}"))
-            self.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._answer is not None:
-            if self._headers_done and not self._framed:  # a body delimited by the connection's end
-                self.keep_alive = False
-                self._finish(Answer(self._parser.get_status_code(), b"".join(self._chunks)))
-            elif not self._received:
-                self._finish(_Stale(f"the connection closed before the answer: {exc or 'end of stream'}"))
-            else:
-                self._finish(_Cut(f"the connection closed mid-answer: {exc or 'end of stream'}"))
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-    # --- httptools callbacks ---
-
-    def on_header(self, name: bytes, _value: bytes) -> None:
-        if len(name) in (14, 17) and name.lower() in (b"content-length", b"transfer-encoding"):
-            self._framed = True
-
-    def on_headers_complete(self) -> None:
-        self._headers_done = True
-        self.keep_alive = self._parser.should_keep_alive()
-
-    def on_body(self, body: bytes) -> None:
-        self._chunks.append(body)
-
-    def on_message_complete(self) -> None:
-        self.answers += 1
-        self._finish(Answer(self._parser.get_status_code(), b"".join(self._chunks)))
-
-    # --- internals ---
-
-    def _finish(self, outcome: Answer | Exception) -> None:
-        answer, self._answer = self._answer, None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._chunks = []
-        if answer is None or answer.done():
-            return
-        if isinstance(outcome, Answer):
-            answer.set_result(outcome)
-        else:
-            answer.set_exception(outcome)
-
-    def _check_silence(self) -> None:
-        deadline = self._last_read + self._timeout
-        if self._loop.time() < deadline:
-            self._timer = self._loop.call_at(deadline, self._check_silence)
-            return
-        self._timer = None
-        self._finish(TimeoutError())
-        self.close()
+        """Drop the connection, whether or not the body was read (the engine aborts an unread stream)."""
+        if self._open:
+            self._open = False
+            self._client.drop(self._connection)
 
 
 class EngineHTTP:
@@ -185,26 +88,22 @@ class EngineHTTP:
         self._host_header = parts.netloc.rpartition("@")[2].encode("idna")
         self._timeout_s = timeout_s
         self._limit = limit
-        self._idle: deque[_Connection] = deque()  # the most recently used last
-        self._live: set[_Connection] = set()  # every connection open or being opened
+        self._idle: deque[Connection] = deque()  # the most recently used last
+        self._live: set[Connection] = set()  # every connection open, idle or not
         self._opening = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._closed = False
 
     async def post(self, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
         """POST `body` to base URL + path; the whole answer, whatever its status."""
-        request = self._request(path, body, headers)
-        connection = await self._acquire(pooled=True)
-        try:
-            return await self._exchange(connection, request)
-        except _Stale as exc:
-            if connection.answers == 0:  # a fresh connection: the engine itself went away
-                raise self._unreachable(exc) from exc
-        connection = await self._acquire(pooled=False)
-        try:
-            return await self._exchange(connection, request)
-        except _Stale as exc:
-            raise self._unreachable(exc) from exc
+        connection, answer = await self._send(path, body, headers, stream=False)
+        self.give_back(connection)
+        return answer
+
+    async def open(self, path: str, body: bytes, headers: Mapping[str, str]) -> Stream:
+        """POST `body` to base URL + path; the answer once its head arrived, its body to stream."""
+        connection, head = await self._send(path, body, headers, stream=True)
+        return Stream(self, connection, head)
 
     async def aclose(self) -> None:
         """Close every connection, in flight or idle, and wait until their sockets are closed."""
@@ -222,6 +121,24 @@ class EngineHTTP:
 
     # --- one exchange ---
 
+    async def _send(
+        self, path: str, body: bytes, headers: Mapping[str, str], *, stream: bool
+    ) -> tuple[Connection, Answer]:
+        """The connection and its answer (its head for a stream); a pooled connection found stale
+        sends the request again, once, on a fresh one."""
+        request = self._request(path, body, headers)
+        connection = await self._acquire(pooled=True)
+        try:
+            return connection, await self._exchange(connection, request, stream)
+        except Stale as exc:
+            if connection.answers == 0:  # a fresh connection: the engine itself went away
+                raise self._unreachable(exc) from exc
+        connection = await self._acquire(pooled=False)
+        try:
+            return connection, await self._exchange(connection, request, stream)
+        except Stale as exc:
+            raise self._unreachable(exc) from exc
+
     def _request(self, path: str, body: bytes, headers: Mapping[str, str]) -> bytes:
         lines = [
             b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n"
@@ -235,31 +152,32 @@ class EngineHTTP:
         lines.append(body)
         return b"".join(lines)
 
-    async def _exchange(self, connection: _Connection, request: bytes) -> Answer:
-        answer = connection.send(request, self._timeout_s)
+    async def _exchange(self, connection: Connection, request: bytes, stream: bool) -> Answer:
         try:
-            result = await answer
+            return await connection.send(request, self._timeout_s, stream=stream)
         except BaseException as exc:
-            self._discard(connection)  # cancelled, timed out or broken: never back to the pool
+            self.drop(connection)  # cancelled, timed out or broken: never back to the pool
             if isinstance(exc, TimeoutError):
                 raise EngineTimeout(f"{self._engine} did not answer in time") from exc
-            if isinstance(exc, _Cut):
+            if isinstance(exc, AnswerCut):
                 raise EngineUnavailable(f"{self._engine}'s answer was cut: {exc}") from exc
             raise
-        if connection.keep_alive and not self._closed:
-            connection.idle_since = time.monotonic()
-            self._idle.append(connection)
-            self._wake()
-        else:
-            self._discard(connection)
-        return result
 
     def _unreachable(self, exc: Exception) -> EngineUnavailable:
         return EngineUnavailable(f"cannot reach {self._engine} at {self._base_url}: {exc}")
 
     # --- the pool ---
 
-    async def _acquire(self, *, pooled: bool) -> _Connection:
+    def give_back(self, connection: Connection) -> None:
+        """Back to the pool when its answer was read whole and the engine keeps it open."""
+        if connection.complete and connection.keep_alive and not self._closed:
+            connection.idle_since = time.monotonic()
+            self._idle.append(connection)
+            self._wake()
+        else:
+            self.drop(connection)
+
+    async def _acquire(self, *, pooled: bool) -> Connection:
         """A pooled connection when `pooled` and one is usable, else a new one within the limit."""
         while True:
             if self._closed:
@@ -268,23 +186,23 @@ class EngineHTTP:
                 now = time.monotonic()
                 while self._idle:
                     connection = self._idle.pop()
-                    if connection.usable(now):
+                    if connection.usable(now, IDLE_S):
                         return connection
-                    self._discard(connection)
+                    self.drop(connection)
             if len(self._live) + self._opening < self._limit:
                 return await self._connect()
             if self._idle:  # full of idle connections while a fresh one is wanted
-                self._discard(self._idle.popleft())
+                self.drop(self._idle.popleft())
                 continue
             await self._wait_for_room()
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
         self._opening += 1
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
                 _, connection = await loop.create_connection(
-                    lambda: _Connection(loop), self._host, self._port, ssl=self._ssl
+                    lambda: Connection(loop), self._host, self._port, ssl=self._ssl
                 )
         except TimeoutError as exc:
             raise EngineTimeout(
@@ -301,7 +219,7 @@ class EngineHTTP:
         self._live.add(connection)
         return connection
 
-    def _discard(self, connection: _Connection) -> None:
+    def drop(self, connection: Connection) -> None:
         connection.close()
         self._live.discard(connection)
         with contextlib.suppress(ValueError):

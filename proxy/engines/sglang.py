@@ -12,7 +12,6 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from proxy.engines import keepalive
 from proxy.engines import router as sglang_router
 from proxy.engines.answers import json_answer
 from proxy.engines.base import (
@@ -25,7 +24,7 @@ from proxy.engines.base import (
     StreamChunk,
     TopLogprobs,
 )
-from proxy.engines.http1 import EngineHTTP
+from proxy.engines.http1 import AnswerCut, EngineHTTP, Stream
 from proxy.engines.routed_experts import ExpertsAsk, RoutedExperts, from_sglang
 from proxy.errors import (
     ContextLengthExceeded,
@@ -233,25 +232,12 @@ class SGLangEngine:
             headers.update(sglang_router.routing_headers(affinity))
         return headers
 
-    async def _send(
-        self, path: str, payload: dict[str, Any], affinity: str | None = None
-    ) -> aiohttp.ClientResponse:
-        """POST the payload; the response is open, its body unread."""
-        headers = self._headers(affinity)
-        try:
-            url, body = self._url(path), _json(payload)
-            return await keepalive.post(self._session(), url, data=body, headers=headers)
-        except TimeoutError as exc:
-            raise EngineTimeout(f"the engine did not answer {path} in time") from exc
-        except aiohttp.ClientError as exc:
-            raise EngineUnavailable(f"cannot reach the engine at {self._base_url}: {exc}") from exc
-
-    async def _raise_for_status(self, response: aiohttp.ClientResponse, params: SamplingParams) -> None:
+    async def _raise_for_status(self, response: Stream, params: SamplingParams) -> None:
         if response.status == 200:
             return
         try:
             content = await response.read()
-        except (TimeoutError, aiohttp.ClientError):
+        except (TimeoutError, AnswerCut):
             content = b""
         finally:
             response.release()
@@ -289,9 +275,9 @@ class SGLangEngine:
         self, input_ids: PromptIds, params: SamplingParams, request_id: str, *, affinity: str | None = None
     ) -> AsyncIterator[StreamChunk]:
         payload = _request_payload(input_ids, params, request_id, stream=True)
-        response = await self._send("/generate", payload, affinity)
+        response = await self._http().open("/generate", _json(payload), self._headers(affinity))
         await self._raise_for_status(response, params)
-        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+        if not response.content_type.startswith("text/event-stream"):
             response.close()
             raise EngineError(
                 "the engine answered a stream request with malformed JSON, not server-sent events"
@@ -300,7 +286,7 @@ class SGLangEngine:
 
     async def _chunks(
         self,
-        response: aiohttp.ClientResponse,
+        response: Stream,
         *,
         top_logprobs: bool,
         experts: tuple[SamplingParams, int],
@@ -308,7 +294,7 @@ class SGLangEngine:
         held = 0  # output ids received so far
         finished = False
         try:
-            async for line in lines_of(response.content.iter_any()):
+            async for line in lines_of(response.blocks()):
                 if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
@@ -332,7 +318,7 @@ class SGLangEngine:
                     return
         except TimeoutError as exc:
             raise EngineTimeout("the engine stream stalled past the timeout") from exc
-        except aiohttp.ClientError as exc:
+        except AnswerCut as exc:
             raise EngineError(f"the engine stream was cut: {exc}") from exc
         finally:
             # An unfinished stream closes its connection: SGLang aborts a request whose client left.

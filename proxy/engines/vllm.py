@@ -48,7 +48,6 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from proxy.engines import keepalive
 from proxy.engines.answers import json_answer
 from proxy.engines.base import (
     ContextLimits,
@@ -58,7 +57,7 @@ from proxy.engines.base import (
     SamplingParams,
     StreamChunk,
 )
-from proxy.engines.http1 import Answer, EngineHTTP
+from proxy.engines.http1 import Answer, AnswerCut, EngineHTTP, Stream
 from proxy.engines.routed_experts import RoutedExperts, from_vllm
 from proxy.engines.sglang import adapter_cards, lines_of
 from proxy.engines.vllm_probe import LogprobsMode, VLLMProbe, base_model, mode_in_server_info
@@ -225,16 +224,14 @@ class VLLMEngine:
             prompt, params, rid, model=params.adapter or probe.model, max_tokens=max_tokens, stream=stream
         )
 
-    async def _open(
-        self, prompt: PromptIds, params: SamplingParams, rid: str, *, stream: bool
-    ) -> tuple[VLLMProbe, aiohttp.ClientResponse]:
-        """Send the request on the probed route; a disabled generate route switches to completions."""
+    async def _open(self, prompt: PromptIds, params: SamplingParams, rid: str) -> tuple[VLLMProbe, Stream]:
+        """Send a stream request on the probed route; a disabled generate route switches to completions."""
         probe = await self._ensure()
         try:
-            return probe, await self._send(probe, prompt, params, rid, stream=stream)
+            return probe, await self._send(probe, prompt, params, rid)
         except _Disabled:
             probe = self._to_completions(probe)
-            return probe, await self._send(probe, prompt, params, rid, stream=stream)
+            return probe, await self._send(probe, prompt, params, rid)
 
     async def _answer(self, prompt: PromptIds, params: SamplingParams, rid: str) -> tuple[VLLMProbe, Answer]:
         """A plain request's whole answer, as _open sends a stream's."""
@@ -261,27 +258,16 @@ class VLLMEngine:
             raise _refusal(probe, params, answer.status, answer.body)
         return answer
 
-    async def _send(
-        self, probe: VLLMProbe, prompt: PromptIds, params: SamplingParams, rid: str, *, stream: bool
-    ) -> aiohttp.ClientResponse:
+    async def _send(self, probe: VLLMProbe, prompt: PromptIds, params: SamplingParams, rid: str) -> Stream:
         path = GENERATE_PATH if probe.route == "generate" else COMPLETIONS_PATH
-        payload = self._payload(probe, prompt, params, rid, stream=stream)
-        try:
-            response = await keepalive.post(
-                self._session(),
-                self._url(path),
-                data=orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
-                headers=self._headers,
-            )
-        except TimeoutError as exc:
-            raise EngineTimeout(f"vLLM did not answer {path} in time") from exc
-        except aiohttp.ClientError as exc:
-            raise EngineUnavailable(f"cannot reach vLLM at {self._base_url}: {exc}") from exc
+        payload = self._payload(probe, prompt, params, rid, stream=True)
+        body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+        response = await self._http().open(path, body, self._headers)
         if response.status == 200:
             return response
         try:
             content = await response.read()
-        except (TimeoutError, aiohttp.ClientError):
+        except (TimeoutError, AnswerCut):
             content = b""
         finally:
             response.release()
@@ -336,9 +322,9 @@ class VLLMEngine:
     async def stream(
         self, input_ids: PromptIds, params: SamplingParams, request_id: str, *, affinity: str | None = None
     ) -> AsyncIterator[StreamChunk]:
-        probe, response = await self._open(input_ids, params, request_id, stream=True)
+        probe, response = await self._open(input_ids, params, request_id)
         self._running.add(_engine_id(probe.route, request_id))
-        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+        if not response.content_type.startswith("text/event-stream"):
             response.close()
             raise EngineError("vLLM answered a stream request without server-sent events")
         events = _events(response)
@@ -489,11 +475,11 @@ def _status_error(status: int, message: str) -> ProxyError:
     return EngineError(f"the engine answered HTTP {status}: {message}")
 
 
-async def _events(response: aiohttp.ClientResponse) -> AsyncGenerator[dict[str, Any], None]:
+async def _events(response: Stream) -> AsyncGenerator[dict[str, Any], None]:
     """The JSON events of an SSE body up to `[DONE]`; an error event is raised as the error it names."""
     finished = False
     try:
-        async for line in lines_of(response.content.iter_any()):
+        async for line in lines_of(response.blocks()):
             if not line.startswith(b"data:"):
                 continue  # blank separators and ": keep-alive" comments
             data = line[5:].strip()
@@ -512,7 +498,7 @@ async def _events(response: aiohttp.ClientResponse) -> AsyncGenerator[dict[str, 
             yield body
     except TimeoutError as exc:
         raise EngineTimeout("vLLM's stream stalled past the timeout") from exc
-    except aiohttp.ClientError as exc:
+    except AnswerCut as exc:
         raise EngineError(f"vLLM's stream was cut: {exc}") from exc
     finally:
         # An unfinished stream closes its connection: vLLM aborts a request whose client left.

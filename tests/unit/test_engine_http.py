@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from proxy.engines.http1 import EngineHTTP
+from proxy.engines.http1 import AnswerCut, EngineHTTP
 from proxy.errors import EngineTimeout, EngineUnavailable, InvalidRequest
 
 JSON = {"content-type": "application/json"}
@@ -468,3 +468,162 @@ def test_closing_with_requests_in_flight_and_idle_connections_leaves_no_open_soc
         gc.collect()
     assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
     assert server.closed_by_client.wait(5.0)
+
+
+def sse(server: Server, connection: socket.socket) -> None:
+    """Stream three events in chunks, then end; "hang" streams one event and goes silent, "cut" one
+    event and closes the connection mid-body."""
+    while (body := server.read_request(connection)) is not None:
+        connection.sendall(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
+        events = [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
+        for event in events[: 1 if body in (b"hang", b"cut") else 3]:
+            connection.sendall(b"%x\r\n%s\r\n" % (len(event), event))
+            time.sleep(0.01)
+        if body == b"hang":
+            server.wait_for_close(connection)
+            return
+        if body == b"cut":
+            return
+        connection.sendall(b"0\r\n\r\n")
+
+
+def test_a_stream_read_to_its_end_gives_its_connection_back(
+    serve: Callable[..., Server], run: Runner
+) -> None:
+    server = serve(sse)
+
+    async def main() -> list[bytes]:
+        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0)
+        try:
+            read = []
+            for _ in range(2):
+                stream = await client.open("/generate", b"{}", JSON)
+                assert (stream.status, stream.content_type) == (200, "text/event-stream")
+                read.append(b"".join([block async for block in stream.blocks()]))
+                stream.release()
+            return read
+        finally:
+            await client.aclose()
+
+    assert run(main) == [b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"] * 2
+    assert len(server.connections) == 1
+
+
+def test_a_stream_left_unfinished_closes_its_connection(serve: Callable[..., Server], run: Runner) -> None:
+    server = serve(sse)
+
+    async def main() -> None:
+        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0)
+        try:
+            stream = await client.open("/generate", b"hang", JSON)
+            assert await anext(stream.blocks()) == b"data: 1\n\n"
+            stream.release()  # not read to its end: the engine must see the client leave
+            assert await asyncio.to_thread(server.closed_by_client.wait, 5.0)
+            stream = await client.open("/generate", b"{}", JSON)
+            assert await stream.read() == b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+            stream.release()
+        finally:
+            await client.aclose()
+
+    run(main)
+    assert len(server.connections) == 2
+
+
+def test_a_stream_cut_or_silent_mid_body_raises_to_its_reader(
+    serve: Callable[..., Server], run: Runner
+) -> None:
+    server = serve(sse)
+
+    async def main() -> None:
+        client = EngineHTTP(server.url, engine="the engine", timeout_s=0.3)
+        try:
+            for body, error in ((b"cut", AnswerCut), (b"hang", TimeoutError)):
+                stream = await client.open("/generate", body, JSON)
+                blocks = stream.blocks()
+                assert await anext(blocks) == b"data: 1\n\n"
+                with pytest.raises(error):
+                    await anext(blocks)
+                stream.close()
+        finally:
+            await client.aclose()
+
+    run(main)
+    assert server.closed_by_client.wait(5.0)
+
+
+def test_a_stream_answered_with_an_error_status_reads_its_body(
+    serve: Callable[..., Server], run: Runner
+) -> None:
+    def refusing(server: Server, connection: socket.socket) -> None:
+        while server.read_request(connection) is not None:
+            connection.sendall(answer(b'{"error":"no"}', "503 Service Unavailable"))
+
+    server = serve(refusing)
+
+    async def main() -> tuple[int, bytes]:
+        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0)
+        try:
+            stream = await client.open("/generate", b"{}", JSON)
+            try:
+                return stream.status, await stream.read()
+            finally:
+                stream.release()
+        finally:
+            await client.aclose()
+
+    assert run(main) == (503, b'{"error":"no"}')
+
+
+def test_a_slow_reader_of_a_large_stream_is_not_timed_out_and_reads_it_whole(
+    serve: Callable[..., Server], run: Runner
+) -> None:
+    block = b"x" * 65536
+
+    def large(server: Server, connection: socket.socket) -> None:
+        server.read_request(connection)
+        connection.sendall(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
+        for _ in range(160):  # 10 MiB: past the point where the client stops reading the socket
+            connection.sendall(b"%x\r\n%s\r\n" % (len(block), block))
+        connection.sendall(b"0\r\n\r\n")
+
+    server = serve(large)
+
+    async def main() -> int:
+        client = EngineHTTP(server.url, engine="the engine", timeout_s=0.3)
+        try:
+            stream = await client.open("/generate", b"{}", JSON)
+            await asyncio.sleep(1.0)  # the reader is behind: the engine waits, nobody times out
+            size = len(await stream.read())
+            stream.release()
+            return size
+        finally:
+            await client.aclose()
+
+    assert run(main) == 160 * len(block)
+
+
+def test_what_a_stream_reader_left_unread_never_reaches_the_next_stream(
+    serve: Callable[..., Server], run: Runner
+) -> None:
+    server = serve(sse)
+
+    async def main() -> list[bytes]:
+        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0)
+        try:
+            stream = await client.open("/generate", b"{}", JSON)
+            first = await anext(stream.blocks())  # what the reader wanted (a finish reason, say)
+            await asyncio.sleep(0.2)  # the rest of the answer arrives unread
+            stream.release()
+            stream = await client.open("/generate", b"{}", JSON)
+            second = await stream.read()
+            stream.release()
+            return [first, second]
+        finally:
+            await client.aclose()
+
+    assert run(main) == [b"data: 1\n\n", b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"]
+    assert len(server.connections) == 1  # the first answer had ended: its connection was reused
