@@ -48,7 +48,15 @@ class Stream:
         self.content_type = head.content_type
         self._client = client
         self._connection = connection
+        self._loop = asyncio.get_running_loop()
         self._open = True
+
+    def __del__(self) -> None:
+        # A stream dropped unreleased (its reader never started) must not hold a pool slot: closed
+        # on the loop, as the collector may run in any thread.
+        if self._open:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: so is the connection
+                self._loop.call_soon_threadsafe(self.close)
 
     async def blocks(self) -> AsyncIterator[bytes]:
         """The body's blocks as they arrive; raises AnswerCut or TimeoutError."""

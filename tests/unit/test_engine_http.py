@@ -627,3 +627,25 @@ def test_what_a_stream_reader_left_unread_never_reaches_the_next_stream(
 
     assert run(main) == [b"data: 1\n\n", b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"]
     assert len(server.connections) == 1  # the first answer had ended: its connection was reused
+
+
+def test_a_stream_dropped_unreleased_gives_up_its_connection(
+    serve: Callable[..., Server], run: Runner
+) -> None:
+    server = serve(sse)
+
+    async def main() -> None:
+        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0, limit=1)
+        try:
+            await client.open("/generate", b"hang", JSON)  # dropped: never read, never released
+            gc.collect()
+            await asyncio.sleep(0)
+            assert await asyncio.to_thread(server.closed_by_client.wait, 5.0)
+            async with asyncio.timeout(5.0):  # the only slot of the pool is free again
+                stream = await client.open("/generate", b"{}", JSON)
+            await stream.read()
+            stream.release()
+        finally:
+            await client.aclose()
+
+    run(main)
