@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import uvloop
 
+from proxy.engines import http1
 from proxy.engines.http1 import AnswerCut, EngineHTTP
 from proxy.errors import EngineTimeout, EngineUnavailable, InvalidRequest
 
@@ -649,3 +650,30 @@ def test_a_stream_dropped_unreleased_gives_up_its_connection(
             await client.aclose()
 
     run(main)
+
+
+def test_a_connection_the_engine_never_accepts_is_an_engine_timeout(
+    monkeypatch: pytest.MonkeyPatch, run: Runner
+) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    # The accept queue full (never accepted): further handshakes get no answer.
+    fillers = [socket.create_connection(("127.0.0.1", port), timeout=1.0)]
+    monkeypatch.setattr(http1, "CONNECT_TIMEOUT_S", 0.3)
+
+    async def main() -> None:
+        client = EngineHTTP(f"http://127.0.0.1:{port}", engine="the engine", timeout_s=5.0)
+        try:
+            with pytest.raises(EngineTimeout, match="did not accept a connection in time"):
+                await client.post("/generate", b"{}", JSON)
+        finally:
+            await client.aclose()
+
+    try:
+        run(main)
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
