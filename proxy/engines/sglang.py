@@ -12,9 +12,8 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from proxy.engines import keepalive
 from proxy.engines import router as sglang_router
-from proxy.engines.answers import json_body
+from proxy.engines.answers import json_answer
 from proxy.engines.base import (
     ContextLimits,
     EngineInfo,
@@ -25,6 +24,7 @@ from proxy.engines.base import (
     StreamChunk,
     TopLogprobs,
 )
+from proxy.engines.http1 import AnswerCut, EngineHTTP, Stream
 from proxy.engines.routed_experts import ExpertsAsk, RoutedExperts, from_sglang
 from proxy.errors import (
     ContextLengthExceeded,
@@ -207,7 +207,9 @@ class SGLangEngine:
         self.router = router
         # A generation may take long; what must not is the wait for its next bytes.
         self._timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=timeout_s)
-        self._client: aiohttp.ClientSession | None = None
+        self._timeout_s = timeout_s
+        self._client: aiohttp.ClientSession | None = None  # streams and the other routes
+        self._plain: EngineHTTP | None = None  # plain generations, the hot path
 
     def _url(self, path: str) -> URL:
         return URL(self._base_url + path)
@@ -219,27 +221,23 @@ class SGLangEngine:
             self._client = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self._client
 
-    async def _send(
-        self, path: str, payload: dict[str, Any], affinity: str | None = None
-    ) -> aiohttp.ClientResponse:
-        """POST the payload; the response is open, its body unread."""
+    def _http(self) -> EngineHTTP:
+        if self._plain is None:
+            self._plain = EngineHTTP(self._base_url, engine="the engine", timeout_s=self._timeout_s)
+        return self._plain
+
+    def _headers(self, affinity: str | None) -> dict[str, str]:
         headers = {"content-type": "application/json"}
         if self.router and affinity is not None:
             headers.update(sglang_router.routing_headers(affinity))
-        try:
-            url, body = self._url(path), _json(payload)
-            return await keepalive.post(self._session(), url, data=body, headers=headers)
-        except TimeoutError as exc:
-            raise EngineTimeout(f"the engine did not answer {path} in time") from exc
-        except aiohttp.ClientError as exc:
-            raise EngineUnavailable(f"cannot reach the engine at {self._base_url}: {exc}") from exc
+        return headers
 
-    async def _raise_for_status(self, response: aiohttp.ClientResponse, params: SamplingParams) -> None:
+    async def _raise_for_status(self, response: Stream, params: SamplingParams) -> None:
         if response.status == 200:
             return
         try:
             content = await response.read()
-        except (TimeoutError, aiohttp.ClientError):
+        except (TimeoutError, AnswerCut):
             content = b""
         finally:
             response.release()
@@ -254,9 +252,11 @@ class SGLangEngine:
         affinity: str | None = None,
     ) -> Generation:
         payload = _request_payload(input_ids, params, request_id or uuid.uuid4().hex, stream=False)
-        response = await self._send("/generate", payload, affinity)
-        await self._raise_for_status(response, params)
-        body = await json_body(response, "the engine")
+        answer = await self._http().post("/generate", _json(payload), self._headers(affinity))
+        if answer.status != 200:
+            message = _error_message(answer.status, answer.body)
+            raise _adapter_refusal(refusal(answer.status, message), params)
+        body = json_answer(answer.body, "the engine")
         if isinstance(body, list):
             if len(body) != 1:
                 raise EngineError(f"the engine answered {len(body)} outputs for one prompt")
@@ -275,9 +275,9 @@ class SGLangEngine:
         self, input_ids: PromptIds, params: SamplingParams, request_id: str, *, affinity: str | None = None
     ) -> AsyncIterator[StreamChunk]:
         payload = _request_payload(input_ids, params, request_id, stream=True)
-        response = await self._send("/generate", payload, affinity)
+        response = await self._http().open("/generate", _json(payload), self._headers(affinity))
         await self._raise_for_status(response, params)
-        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+        if not response.content_type.startswith("text/event-stream"):
             response.close()
             raise EngineError(
                 "the engine answered a stream request with malformed JSON, not server-sent events"
@@ -286,7 +286,7 @@ class SGLangEngine:
 
     async def _chunks(
         self,
-        response: aiohttp.ClientResponse,
+        response: Stream,
         *,
         top_logprobs: bool,
         experts: tuple[SamplingParams, int],
@@ -294,7 +294,7 @@ class SGLangEngine:
         held = 0  # output ids received so far
         finished = False
         try:
-            async for line in lines_of(response.content.iter_any()):
+            async for line in lines_of(response.blocks()):
                 if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
@@ -318,7 +318,7 @@ class SGLangEngine:
                     return
         except TimeoutError as exc:
             raise EngineTimeout("the engine stream stalled past the timeout") from exc
-        except aiohttp.ClientError as exc:
+        except AnswerCut as exc:
             raise EngineError(f"the engine stream was cut: {exc}") from exc
         finally:
             # An unfinished stream closes its connection: SGLang aborts a request whose client left.
@@ -410,6 +410,8 @@ class SGLangEngine:
         return status == 200
 
     async def aclose(self) -> None:
+        if self._plain is not None:
+            await self._plain.aclose()
         if self._client is not None:
             await self._client.close()
 

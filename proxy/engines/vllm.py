@@ -48,8 +48,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from proxy.engines import keepalive
-from proxy.engines.answers import json_body
+from proxy.engines.answers import json_answer
 from proxy.engines.base import (
     ContextLimits,
     EngineInfo,
@@ -58,6 +57,7 @@ from proxy.engines.base import (
     SamplingParams,
     StreamChunk,
 )
+from proxy.engines.http1 import Answer, AnswerCut, EngineHTTP, Stream
 from proxy.engines.routed_experts import RoutedExperts, from_vllm
 from proxy.engines.sglang import adapter_cards, lines_of
 from proxy.engines.vllm_probe import LogprobsMode, VLLMProbe, base_model, mode_in_server_info
@@ -115,7 +115,9 @@ class VLLMEngine:
         self._headers = {"content-type": "application/json"}
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
-        self._client: aiohttp.ClientSession | None = None
+        self._timeout_s = timeout_s
+        self._client: aiohttp.ClientSession | None = None  # streams, probes and aborts
+        self._plain: EngineHTTP | None = None  # plain generations, the hot path
         self.probe: VLLMProbe | None = None
         self._running: set[str] = set()  # engine ids of the requests in progress, for abort_all
 
@@ -127,6 +129,11 @@ class VLLMEngine:
             connector = aiohttp.TCPConnector(limit=1024, keepalive_timeout=_KEEPALIVE_S)
             self._client = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self._client
+
+    def _http(self) -> EngineHTTP:
+        if self._plain is None:
+            self._plain = EngineHTTP(self._base_url, engine="vLLM", timeout_s=self._timeout_s)
+        return self._plain
 
     # --- start-up probe ---
 
@@ -217,52 +224,54 @@ class VLLMEngine:
             prompt, params, rid, model=params.adapter or probe.model, max_tokens=max_tokens, stream=stream
         )
 
-    async def _open(
-        self, prompt: PromptIds, params: SamplingParams, rid: str, *, stream: bool
-    ) -> tuple[VLLMProbe, aiohttp.ClientResponse]:
-        """Send the request on the probed route; a disabled generate route switches to completions."""
+    async def _open(self, prompt: PromptIds, params: SamplingParams, rid: str) -> tuple[VLLMProbe, Stream]:
+        """Send a stream request on the probed route; a disabled generate route switches to completions."""
         probe = await self._ensure()
         try:
-            return probe, await self._send(probe, prompt, params, rid, stream=stream)
+            return probe, await self._send(probe, prompt, params, rid)
         except _Disabled:
-            log.warning(
-                "vLLM's %s is disabled (no --enable-scale-out): using %s", GENERATE_PATH, COMPLETIONS_PATH
-            )
-            self.probe = probe = replace(probe, route="completions")
-            return probe, await self._send(probe, prompt, params, rid, stream=stream)
+            probe = self._to_completions(probe)
+            return probe, await self._send(probe, prompt, params, rid)
 
-    async def _send(
-        self, probe: VLLMProbe, prompt: PromptIds, params: SamplingParams, rid: str, *, stream: bool
-    ) -> aiohttp.ClientResponse:
-        path = GENERATE_PATH if probe.route == "generate" else COMPLETIONS_PATH
-        payload = self._payload(probe, prompt, params, rid, stream=stream)
+    async def _answer(self, prompt: PromptIds, params: SamplingParams, rid: str) -> tuple[VLLMProbe, Answer]:
+        """A plain request's whole answer, as _open sends a stream's."""
+        probe = await self._ensure()
         try:
-            response = await keepalive.post(
-                self._session(),
-                self._url(path),
-                data=orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
-                headers=self._headers,
-            )
-        except TimeoutError as exc:
-            raise EngineTimeout(f"vLLM did not answer {path} in time") from exc
-        except aiohttp.ClientError as exc:
-            raise EngineUnavailable(f"cannot reach vLLM at {self._base_url}: {exc}") from exc
+            return probe, await self._post(probe, prompt, params, rid)
+        except _Disabled:
+            probe = self._to_completions(probe)
+            return probe, await self._post(probe, prompt, params, rid)
+
+    def _to_completions(self, probe: VLLMProbe) -> VLLMProbe:
+        log.warning(
+            "vLLM's %s is disabled (no --enable-scale-out): using %s", GENERATE_PATH, COMPLETIONS_PATH
+        )
+        self.probe = probe = replace(probe, route="completions")
+        return probe
+
+    async def _post(self, probe: VLLMProbe, prompt: PromptIds, params: SamplingParams, rid: str) -> Answer:
+        path = GENERATE_PATH if probe.route == "generate" else COMPLETIONS_PATH
+        payload = self._payload(probe, prompt, params, rid, stream=False)
+        body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+        answer = await self._http().post(path, body, self._headers)
+        if answer.status != 200:
+            raise _refusal(probe, params, answer.status, answer.body)
+        return answer
+
+    async def _send(self, probe: VLLMProbe, prompt: PromptIds, params: SamplingParams, rid: str) -> Stream:
+        path = GENERATE_PATH if probe.route == "generate" else COMPLETIONS_PATH
+        payload = self._payload(probe, prompt, params, rid, stream=True)
+        body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+        response = await self._http().open(path, body, self._headers)
         if response.status == 200:
             return response
         try:
             content = await response.read()
-        except (TimeoutError, aiohttp.ClientError):
+        except (TimeoutError, AnswerCut):
             content = b""
         finally:
             response.release()
-        if response.status == 403 and probe.route == "generate":
-            raise _Disabled
-        message = error_message(response.status, content)
-        if response.status == 404 and params.adapter is not None:  # vLLM's answer for an unknown model
-            raise ModelNotFound(
-                f"vLLM does not serve the LoRA adapter {params.adapter!r} (any more): {message}"
-            )
-        raise _status_error(response.status, message)
+        raise _refusal(probe, params, response.status, content)
 
     def _generation(
         self, probe: VLLMProbe, parsed: ParsedChoice, params: SamplingParams, rid: str, experts: Any
@@ -301,8 +310,8 @@ class VLLMEngine:
             self._running.discard(engine_id)
 
     async def _generate(self, input_ids: PromptIds, params: SamplingParams, rid: str) -> Generation:
-        probe, response = await self._open(input_ids, params, rid, stream=False)
-        body = await json_body(response, "vLLM")
+        probe, answer = await self._answer(input_ids, params, rid)
+        body = json_answer(answer.body, "vLLM")
         choice = single_choice(body)
         if choice is None:
             raise EngineError("vLLM answered without a choice")
@@ -313,9 +322,9 @@ class VLLMEngine:
     async def stream(
         self, input_ids: PromptIds, params: SamplingParams, request_id: str, *, affinity: str | None = None
     ) -> AsyncIterator[StreamChunk]:
-        probe, response = await self._open(input_ids, params, request_id, stream=True)
+        probe, response = await self._open(input_ids, params, request_id)
         self._running.add(_engine_id(probe.route, request_id))
-        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+        if not response.content_type.startswith("text/event-stream"):
             response.close()
             raise EngineError("vLLM answered a stream request without server-sent events")
         events = _events(response)
@@ -429,6 +438,8 @@ class VLLMEngine:
             return False
 
     async def aclose(self) -> None:
+        if self._plain is not None:
+            await self._plain.aclose()
         if self._client is not None:
             await self._client.close()
 
@@ -446,6 +457,16 @@ def _engine_id(route: Route, request_id: str) -> str:
     return f"generate-tokens-{request_id}" if route == "generate" else f"cmpl-{request_id}-0"
 
 
+def _refusal(probe: VLLMProbe, params: SamplingParams, status: int, content: bytes) -> Exception:
+    """The error for a non-200 answer; _Disabled for a generate route served without it."""
+    if status == 403 and probe.route == "generate":
+        return _Disabled()
+    message = error_message(status, content)
+    if status == 404 and params.adapter is not None:  # vLLM's answer for an unknown model
+        return ModelNotFound(f"vLLM does not serve the LoRA adapter {params.adapter!r} (any more): {message}")
+    return _status_error(status, message)
+
+
 def _status_error(status: int, message: str) -> ProxyError:
     if status == 400:
         return InvalidRequest(f"the engine rejected the request: {message}", code="engine_rejected")
@@ -454,11 +475,11 @@ def _status_error(status: int, message: str) -> ProxyError:
     return EngineError(f"the engine answered HTTP {status}: {message}")
 
 
-async def _events(response: aiohttp.ClientResponse) -> AsyncGenerator[dict[str, Any], None]:
+async def _events(response: Stream) -> AsyncGenerator[dict[str, Any], None]:
     """The JSON events of an SSE body up to `[DONE]`; an error event is raised as the error it names."""
     finished = False
     try:
-        async for line in lines_of(response.content.iter_any()):
+        async for line in lines_of(response.blocks()):
             if not line.startswith(b"data:"):
                 continue  # blank separators and ": keep-alive" comments
             data = line[5:].strip()
@@ -477,7 +498,7 @@ async def _events(response: aiohttp.ClientResponse) -> AsyncGenerator[dict[str, 
             yield body
     except TimeoutError as exc:
         raise EngineTimeout("vLLM's stream stalled past the timeout") from exc
-    except aiohttp.ClientError as exc:
+    except AnswerCut as exc:
         raise EngineError(f"vLLM's stream was cut: {exc}") from exc
     finally:
         # An unfinished stream closes its connection: vLLM aborts a request whose client left.
