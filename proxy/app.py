@@ -49,6 +49,7 @@ from proxy.errors import (
 )
 from proxy.export.summaries import store_on_finish
 from proxy.observe import metrics_route, ui
+from proxy.observe.framework_telemetry import fastapi_telemetry
 from proxy.observe.logs import install_record_ids
 from proxy.observe.metrics import Metrics
 from proxy.observe.request_ids import RequestIdMiddleware
@@ -186,6 +187,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        **fastapi_telemetry(),
     )
     metrics = app.state.metrics = Metrics()
     # Outside every route, so a new surface cannot forget it.
