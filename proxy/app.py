@@ -28,6 +28,7 @@ from proxy import native_memory
 from proxy.api import admin, engines, export, health, models, sessions, weight_sync
 from proxy.api.auth import require_admin_key, require_harness_key
 from proxy.api.groups import group_from_headers
+from proxy.api.harness_route import include_flat
 from proxy.api.limits import BodyLimit
 from proxy.api.retries import RetryGuard
 from proxy.app_state import AppState
@@ -194,8 +195,8 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     harness = [Depends(require_harness_key), Depends(group_from_headers)]
     for surface in (models.router, chat.router, completions.router, responses.router, anthropic.router):
-        app.include_router(surface, dependencies=harness)
-        app.include_router(surface, prefix="/sessions/{session_id}", dependencies=harness)
+        include_flat(app, surface, dependencies=harness)
+        include_flat(app, surface, prefix="/sessions/{session_id}", dependencies=harness)
     for recorded in (
         sessions.router,
         export.router,
