@@ -162,7 +162,7 @@ async def create_message(
     session_id, _ = session
     body.check_supported()
     sealer = state.sealer
-    identity = RetryIdentity.from_request(dict(http_request.headers), await http_request.body())
+    identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
     request = turn_request(
         state,
         dialect="anthropic",

@@ -143,7 +143,7 @@ async def chat_completions(
 ) -> Response:
     session_id, _ = session
     body.check_supported()
-    identity = RetryIdentity.from_request(dict(http_request.headers), await http_request.body())
+    identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
     top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
     options = StreamOptions.of(body, keepalive_s=state.settings.stream_keepalive_s, top_logprobs=top_logprobs)
     return await answer(

@@ -78,7 +78,7 @@ async def completions(
     session_id, _ = session
     body.check_supported()
     prompt_ids = await _prompt_ids(body, state)
-    identity = RetryIdentity.from_request(dict(http_request.headers), await http_request.body())
+    identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
     top = body.logprobs or 0
     request = TurnRequest(
         messages=[],

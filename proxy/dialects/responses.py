@@ -175,7 +175,7 @@ async def create_response(
     if not messages:
         raise InvalidRequest("input is empty", param="input")
     response_id = new_response_id(session_id)
-    identity = RetryIdentity.from_request(dict(http_request.headers), await http_request.body())
+    identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
     request = turn_request(
         state,
         dialect="responses",
