@@ -60,8 +60,8 @@ class _Call:
             data = await request.json()
         except Exception:  # FastAPI reads it again and answers as it always does (400)
             return None
-        try:
-            body = self.model.model_validate(data)
+        try:  # a chat body may come validated already (proxy/api/message_prefix.py)
+            body = data if type(data) is self.model else self.model.model_validate(data)
         except ValidationError:
             return None
         state, session = await harness_inputs(request)
