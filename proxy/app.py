@@ -28,6 +28,7 @@ from proxy import native_memory
 from proxy.api import admin, engines, export, health, models, sessions, weight_sync
 from proxy.api.auth import require_admin_key, require_harness_key
 from proxy.api.groups import group_from_headers
+from proxy.api.harness_route import include_flat
 from proxy.api.limits import BodyLimit
 from proxy.api.retries import RetryGuard
 from proxy.app_state import AppState
@@ -49,6 +50,7 @@ from proxy.errors import (
 )
 from proxy.export.summaries import store_on_finish
 from proxy.observe import metrics_route, ui
+from proxy.observe.framework_telemetry import fastapi_telemetry
 from proxy.observe.logs import install_record_ids
 from proxy.observe.metrics import Metrics
 from proxy.observe.request_ids import RequestIdMiddleware
@@ -186,14 +188,15 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        **fastapi_telemetry(),
     )
     metrics = app.state.metrics = Metrics()
     # Outside every route, so a new surface cannot forget it.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     harness = [Depends(require_harness_key), Depends(group_from_headers)]
     for surface in (models.router, chat.router, completions.router, responses.router, anthropic.router):
-        app.include_router(surface, dependencies=harness)
-        app.include_router(surface, prefix="/sessions/{session_id}", dependencies=harness)
+        include_flat(app, surface, dependencies=harness)
+        include_flat(app, surface, prefix="/sessions/{session_id}", dependencies=harness)
     for recorded in (
         sessions.router,
         export.router,

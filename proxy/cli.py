@@ -82,6 +82,12 @@ def _serve_parser(sub: Any) -> None:
         help="text (default) or json: one object per line with request_id; also TITO_LOG_FORMAT",
     )
     serve.add_argument(
+        "--access-log",
+        action="store_const",
+        const=True,
+        help="log a line per request, at info (default off); also TITO_ACCESS_LOG",
+    )
+    serve.add_argument(
         "--history-mode",
         choices=["exact", "template"],
         help="exact: continue with the sampled tokens (default); template: a fresh render wins",
@@ -161,6 +167,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "port",
         "log_level",
         "log_format",
+        "access_log",
         "history_mode",
         "drift_report",
         "tool_parser",
@@ -200,6 +207,8 @@ def _serve(args: argparse.Namespace) -> int:
         "log_level": settings.log_level,
         # uvicorn's own loggers (access lines included) go through the root handler, in its format.
         "log_config": None,
+        # Off unless asked: a line per turn costs more CPU than the turn's whole HTTP handling.
+        "access_log": settings.access_log,
         # Turns in flight may finish; then they are cancelled (the local engine stops between tokens).
         "timeout_graceful_shutdown": settings.shutdown_grace_s,
     }

@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     engine_restart_wait_s: float = Field(default=0.0, ge=0)
     # json: one JSON object per line (time, level, logger, message, request_id, session_id).
     log_format: Literal["text", "json"] = "text"
+    # uvicorn's line per request (at info), with the request and session ids like every line.
+    access_log: bool = False
     # A comment is sent on a silent stream this often, so that proxies and clients keep it open.
     stream_keepalive_s: float = Field(default=15.0, gt=0)
     # Sessions with no call for this long are finished (and so exported); 0 turns it off.

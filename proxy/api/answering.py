@@ -33,11 +33,10 @@ async def _held(events: AsyncIterator[bytes], exit_stack: contextlib.AsyncExitSt
             yield event
 
 
-async def _watch_disconnect(client: Request, gone: asyncio.Event) -> None:
-    """Sets `gone` when the client hangs up (its body is read: the next message is the disconnect)."""
+async def _hang_up(client: Request) -> None:
+    """Returns when the client hangs up (its body is read: the next message is the disconnect)."""
     while (await client.receive())["type"] != "http.disconnect":
         pass
-    gone.set()
 
 
 async def run_watched(
@@ -46,10 +45,10 @@ async def run_watched(
     """A plain turn; a client that hangs up before its answer aborts it (as a stream's does)."""
     if client is None:
         return await state.turns.run(session_id, request)
-    gone = asyncio.Event()
-    watcher = asyncio.create_task(_watch_disconnect(client, gone))
+    # The one task a turn needs to hear a hang-up; the turn races its sampling against it.
+    watcher = asyncio.create_task(_hang_up(client))
     try:
-        return await state.turns.run(session_id, request, client_gone=gone)
+        return await state.turns.run(session_id, request, client_gone=watcher)
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):

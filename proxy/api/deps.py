@@ -40,8 +40,11 @@ def check_session_id(session_id: str) -> str:
 async def resolve_session_id(
     request: Request, x_session_id: Annotated[str | None, Header()] = None
 ) -> tuple[str, bool]:
+    return session_of(request.path_params.get("session_id"), x_session_id)
+
+
+def session_of(from_path: str | None, x_session_id: str | None) -> tuple[str, bool]:
     """The session from the path, else the X-Session-Id header, else a new one (created=True)."""
-    from_path = request.path_params.get("session_id")
     if from_path is not None and x_session_id is not None and from_path != x_session_id:
         raise InvalidRequest(
             "the X-Session-Id header names another session than the path", param="session_id"

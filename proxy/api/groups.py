@@ -3,12 +3,14 @@ place a session in a group on its first turn."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated
 
 from fastapi import Header, Request
 
 from proxy.api.deps import SessionIdDep, StateDep, check_session_id
+from proxy.app_state import AppState
 from proxy.errors import Conflict, InvalidRequest
 from proxy.store.groups import GroupClaim, check_group, claim_on_turn
 from proxy.store.repository import Repository
@@ -58,18 +60,29 @@ async def group_from_headers(
     x_tito_sample_index: Annotated[str | None, Header()] = None,
     x_tito_group_size: Annotated[str | None, Header()] = None,
 ) -> None:
+    """Places the session in the headers' group before its turn (see join_group)."""
+    headers = {
+        GROUP_HEADER: x_tito_group_id,
+        SAMPLE_HEADER: x_tito_sample_index,
+        SIZE_HEADER: x_tito_group_size,
+    }
+    await join_group(state, request.method, request.scope["path"], session[0], headers)
+
+
+async def join_group(
+    state: AppState, method: str, path: str, session_id: str, headers: Mapping[str, str | None]
+) -> None:
     """Places the session in the headers' group before its turn: creates it when it is new, sets
     the group of a session without calls, and refuses (409) a session already elsewhere."""
-    if request.method != "POST" or not request.url.path.endswith(_TURN_PATHS):
+    if method != "POST" or not path.endswith(_TURN_PATHS):
         return
     claim = group_claim(
-        x_tito_group_id,
-        _header_int(x_tito_sample_index, SAMPLE_HEADER, 0),
-        _header_int(x_tito_group_size, SIZE_HEADER, 1),
+        headers.get(GROUP_HEADER),
+        _header_int(headers.get(SAMPLE_HEADER), SAMPLE_HEADER, 0),
+        _header_int(headers.get(SIZE_HEADER), SIZE_HEADER, 1),
     )
     if claim is None:
         return
-    session_id, _ = session
     async with state.db_sessions() as db, db.begin():
         repo = Repository(db)
         existing = await repo.get_session(session_id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -38,7 +38,7 @@ class RetryIdentity:
     is_sdk_retry: bool  # the SDK's retry count says an earlier attempt was sent
 
     @classmethod
-    def from_request(cls, headers: dict[str, str], body: bytes) -> RetryIdentity | None:
+    def from_request(cls, headers: Mapping[str, str], body: bytes) -> RetryIdentity | None:
         key = headers.get("idempotency-key")
         retry_count = headers.get("x-stainless-retry-count")
         if key is None and retry_count is None:

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.api.deps import SessionIdDep, StateDep
-from proxy.api.json_route import OrjsonRoute
+from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
 from proxy.app_state import AppState
 from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice, chat_tools
@@ -41,7 +41,7 @@ def error_body(status: int, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": _ERROR_TYPES.get(status, "api_error"), "message": message}}
 
 
-class AnthropicRoute(OrjsonRoute):
+class AnthropicRoute(HarnessRoute):
     """Errors of these routes, including validation and keys, in Anthropic's error shape."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
@@ -162,7 +162,7 @@ async def create_message(
     session_id, _ = session
     body.check_supported()
     sealer = state.sealer
-    identity = RetryIdentity.from_request(dict(http_request.headers), await http_request.body())
+    identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
     request = turn_request(
         state,
         dialect="anthropic",

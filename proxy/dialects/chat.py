@@ -12,7 +12,8 @@ from fastapi import APIRouter, Request, Response
 
 from proxy.api.answering import answer
 from proxy.api.deps import SessionIdDep, StateDep
-from proxy.api.json_route import OrjsonRequest, OrjsonRoute
+from proxy.api.harness_route import HarnessRoute
+from proxy.api.json_route import OrjsonRequest
 from proxy.api.logprobs import answered_logprobs, chat_logprobs
 from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import ChatCompletionRequest
@@ -36,7 +37,7 @@ class ChatBodyRequest(OrjsonRequest):
         return self._json
 
 
-class ChatRoute(OrjsonRoute):
+class ChatRoute(HarnessRoute):
     request_class = ChatBodyRequest
 
 
@@ -142,7 +143,7 @@ async def chat_completions(
 ) -> Response:
     session_id, _ = session
     body.check_supported()
-    identity = RetryIdentity.from_request(dict(http_request.headers), await http_request.body())
+    identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
     top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
     options = StreamOptions.of(body, keepalive_s=state.settings.stream_keepalive_s, top_logprobs=top_logprobs)
     return await answer(

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request, Response
 
 from proxy.api.answering import answer
 from proxy.api.deps import SessionIdDep, StateDep
-from proxy.api.json_route import OrjsonRoute
+from proxy.api.harness_route import HarnessRoute
 from proxy.api.logprobs import answered_logprobs, completion_logprobs
 from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import CompletionRequest
@@ -24,7 +24,7 @@ from proxy.dialects.chat import sampling_params
 from proxy.dialects.shared import for_model
 from proxy.turns import TurnRequest, TurnResult
 
-router = APIRouter(prefix="/v1", tags=["openai"], route_class=OrjsonRoute)
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=HarnessRoute)
 
 
 async def _prompt_ids(body: CompletionRequest, state: AppState) -> list[int]:
@@ -78,7 +78,7 @@ async def completions(
     session_id, _ = session
     body.check_supported()
     prompt_ids = await _prompt_ids(body, state)
-    identity = RetryIdentity.from_request(dict(http_request.headers), await http_request.body())
+    identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
     top = body.logprobs or 0
     request = TurnRequest(
         messages=[],

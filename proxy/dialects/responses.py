@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.api.deps import SessionIdDep, StateDep, check_session_id
-from proxy.api.json_route import OrjsonRoute
+from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
 from proxy.app_state import AppState
 from proxy.chat.messages import Message
@@ -29,7 +29,7 @@ from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
 from proxy.store.prompts import rebuild
 from proxy.store.repository import Repository
 
-router = APIRouter(prefix="/v1", tags=["responses"], route_class=OrjsonRoute)
+router = APIRouter(prefix="/v1", tags=["responses"], route_class=HarnessRoute)
 
 # Fields that change nothing about the sample: accepted and recorded.
 _INERT = frozenset(
@@ -175,7 +175,7 @@ async def create_response(
     if not messages:
         raise InvalidRequest("input is empty", param="input")
     response_id = new_response_id(session_id)
-    identity = RetryIdentity.from_request(dict(http_request.headers), await http_request.body())
+    identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
     request = turn_request(
         state,
         dialect="responses",

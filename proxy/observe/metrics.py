@@ -1,7 +1,7 @@
 """The proxy's Prometheus metrics, one registry per app (tests run several apps in one process).
 
-Every labelled child on the turn path is made once here, so that a turn costs a few counter and
-histogram updates and never creates a label set (labels come from small fixed sets only).
+The turn path's counters and histograms are plain numbers (plain_metrics.py): a recorded turn
+costs a few additions and never creates a label set (labels come from small fixed sets only).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from proxy.observe.plain_metrics import PlainCounter, PlainHistogram
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 PHASES = ("render", "engine", "record", "total")
@@ -26,18 +28,21 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.turns = Counter(
+        turn_children = [(dialect, status) for dialect in DIALECTS for status in ("ok", "aborted", "error")]
+        self.turns = PlainCounter(
             "tito_turns",
             "Engine calls recorded (status ok/aborted) or turns refused (error)",
-            ["dialect", "status"],
-            registry=r,
+            r,
+            labelnames=["dialect", "status"],
+            children=turn_children,
         )
-        self.phase = Histogram(
+        self.phase = PlainHistogram(
             "tito_turn_phase_seconds",
             "Time spent in each phase of a turn",
-            ["phase"],
-            buckets=_LATENCY,
-            registry=r,
+            r,
+            _LATENCY,
+            labelnames=["phase"],
+            children=[(phase,) for phase in PHASES],
         )
         self.ttft = Histogram(
             "tito_time_to_first_token_seconds",
@@ -45,8 +50,8 @@ class Metrics:
             buckets=_LATENCY,
             registry=r,
         )
-        self.tokens_in = Counter("tito_prompt_tokens", "Prompt tokens sent to the engine", registry=r)
-        self.tokens_out = Counter("tito_completion_tokens", "Tokens the engine sampled", registry=r)
+        self.tokens_in = PlainCounter("tito_prompt_tokens", "Prompt tokens sent to the engine", r)
+        self.tokens_out = PlainCounter("tito_completion_tokens", "Tokens the engine sampled", r)
         self.active_sessions = Gauge("tito_active_sessions", "Sessions not finished", registry=r)
         self.segments = Counter(
             "tito_segments_opened",
@@ -59,36 +64,31 @@ class Metrics:
         self.errors = Counter(
             "tito_errors", "Error answers, by HTTP status and code", ["status", "code"], registry=r
         )
-        self.commit_group = Histogram(
-            "tito_commit_group_size", "Turns committed in one transaction", buckets=_GROUPS, registry=r
+        self.commit_group = PlainHistogram(
+            "tito_commit_group_size", "Turns committed in one transaction", r, _GROUPS
         )
-        self.commit_seconds = Histogram(
-            "tito_commit_seconds", "Time to commit one group of turns", buckets=_LATENCY, registry=r
+        self.commit_seconds = PlainHistogram(
+            "tito_commit_seconds", "Time to commit one group of turns", r, _LATENCY
         )
         self.export_rows = Counter("tito_export_rows", "Rows exported", ["mode"], registry=r)
         self.export_bytes = Counter("tito_export_bytes", "Bytes exported", ["format"], registry=r)
-        self._phases = {phase: self.phase.labels(phase) for phase in PHASES}
-        self._turns: dict[tuple[str, str], Any] = {
-            (dialect, status): self.turns.labels(dialect, status)
-            for dialect in DIALECTS
-            for status in ("ok", "aborted", "error")
-        }
 
     def turn_recorded(
         self, dialect: str, statuses: Iterable[str], timings: Mapping[str, float], tokens: tuple[int, int]
     ) -> None:
         """One request's calls committed: `timings` in seconds per phase, `tokens` (in, out)."""
+        turns = self.turns.values
         for status in statuses:
-            self._turns[dialect, status].inc()
+            turns[dialect, status] += 1
         for phase, seconds in timings.items():
-            self._phases[phase].observe(seconds)
-        self.tokens_in.inc(tokens[0])
-        self.tokens_out.inc(tokens[1])
+            self.phase.observe(seconds, (phase,))
+        self.tokens_in.values[()] += tokens[0]
+        self.tokens_out.values[()] += tokens[1]
 
     def turn_refused(self, path: str) -> None:
         dialect = _dialect(path)
         if dialect is not None:
-            self._turns[dialect, "error"].inc()
+            self.turns.values[dialect, "error"] += 1
 
     def failed(self, status: int, code: str | None, engine: bool) -> None:
         """An error answer (envelope or stream error event); engine failures by kind too."""
@@ -97,7 +97,7 @@ class Metrics:
             self.engine_errors.labels(code or "bad_gateway").inc()
 
     def committed(self, group_size: int, seconds: float) -> None:
-        """Called by the turn store's writer (any thread: prometheus_client's updates are thread-safe)."""
+        """Called by the turn store: from its writer thread (SQLite) or the event loop, never both."""
         self.commit_group.observe(group_size)
         self.commit_seconds.observe(seconds)
 

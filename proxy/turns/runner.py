@@ -118,14 +118,14 @@ class TurnRunner:
         return self.answers.parser_for(request)
 
     async def run(
-        self, session_id: str, request: TurnRequest, *, client_gone: asyncio.Event | None = None
+        self, session_id: str, request: TurnRequest, *, client_gone: asyncio.Future[Any] | None = None
     ) -> list[TurnResult]:
         """Sample every choice, then commit them together: all are recorded, or none. When
-        `client_gone` is set before the commit, the engine requests are aborted and what they
-        sampled is recorded as aborted (never exported), then ClientClosedRequest is raised."""
-        gone = client_gone or asyncio.Event()
+        `client_gone` completes before the commit (the client hung up), the engine requests are
+        aborted and what they sampled is recorded as aborted (never exported), then
+        ClientClosedRequest is raised. A future rather than an event: no task per turn to wait on it."""
         turn = await self.prepare(session_id, request)
-        if gone.is_set():
+        if _completed(client_gone):
             raise ClientClosedRequest("the client left before its turn was sampled")
         request_ids = [uuid.uuid4().hex for _ in range(request.choices)]  # fixed length: see sglang.py
         sampling: asyncio.Future[list[Generation]] = asyncio.ensure_future(
@@ -136,17 +136,15 @@ class TurnRunner:
                 )
             )
         )
-        watching: asyncio.Future[Any] = asyncio.ensure_future(gone.wait())
-        try:
-            await asyncio.wait({sampling, watching}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            sampling.cancel()
-            raise
-        finally:
-            watching.cancel()
-        if gone.is_set():
-            await self.recorder.abandon(turn, sampling, request_ids)
-        generations = await sampling
+        if client_gone is not None:
+            try:
+                await asyncio.wait({sampling, client_gone}, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                sampling.cancel()
+                raise
+            if _completed(client_gone):
+                await self.recorder.abandon(turn, sampling, request_ids)
+        generations = await sampling  # cancelled with this task, as the engine requests must be
         results = await self.record_choices(turn, list(enumerate(generations)))
         for generation in generations:
             if generation.finish.kind == "abort":
@@ -188,3 +186,8 @@ class TurnRunner:
         self, generation: Generation, *, reasoning_open: bool = False, parser: OutputParser | None = None
     ) -> ParsedOutput:
         return self.answers.parse(generation, reasoning_open=reasoning_open, parser=parser)
+
+
+def _completed(future: asyncio.Future[Any] | None) -> bool:
+    """Whether `future` finished with a result (one that failed or was cancelled says nothing)."""
+    return future is not None and future.done() and not future.cancelled() and future.exception() is None

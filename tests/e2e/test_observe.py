@@ -76,7 +76,8 @@ def test_serve_with_json_logs_writes_one_object_per_line(
 ) -> None:
     env = {"TITO_DB": f"sqlite:///{tmp_path / 'j.db'}", "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
     log = tmp_path / "serve.log"
-    with spawn_proxy(["--tokenizer", str(qwen_dir), "--log-format", "json"], env, log) as (_, url):
+    args = ["--tokenizer", str(qwen_dir), "--log-format", "json", "--access-log"]
+    with spawn_proxy(args, env, log) as (_, url):
         reply = httpx.post(
             f"{url}/sessions/js/v1/chat/completions",
             json={"model": "m", "messages": USER, "max_tokens": 4},
@@ -87,9 +88,22 @@ def test_serve_with_json_logs_writes_one_object_per_line(
     entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     assert all({"time", "level", "logger", "message"} <= set(entry) for entry in entries)
     turn = [e for e in entries if e.get("request_id") == "json-1"]
-    assert turn, entries  # at least uvicorn's access line
+    assert [e for e in turn if e["logger"] == "uvicorn.access"], entries
     assert all(e["session_id"] == "js" for e in turn)
     assert [e["logger"] for e in entries if e.get("request_id") == "json-2"].count("tito_proxy.export") == 1
+
+
+def test_serve_writes_no_access_lines_unless_asked(
+    engine: FakeSGLang, qwen_dir: Path, tmp_path: Path
+) -> None:
+    env = {"TITO_DB": f"sqlite:///{tmp_path / 'a.db'}", "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
+    log = tmp_path / "serve.log"
+    with spawn_proxy(["--tokenizer", str(qwen_dir), "--log-format", "json"], env, log) as (_, url):
+        body = {"model": "m", "messages": USER, "max_tokens": 4}
+        assert httpx.post(f"{url}/sessions/quiet/v1/chat/completions", json=body).status_code == 200
+    entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    assert entries  # the start-up lines
+    assert not [e for e in entries if e["logger"] == "uvicorn.access"], entries
 
 
 def test_json_log_lines_are_one_object_each() -> None:
