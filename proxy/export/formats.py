@@ -173,6 +173,9 @@ class MetadataType:
                     [pa.schema([("v", known)]), pa.schema([("v", found)])], promote_options="permissive"
                 )
                 self.fields[key] = merged.field("v").type
+                if _holds_empty_struct(self.fields[key]):
+                    # Parquet cannot store a struct without fields (`{}` anywhere in the value).
+                    raise pa.ArrowInvalid(f"metadata key {key!r} holds an empty object")
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
                 self.json_keys.add(key)
                 self.fields.pop(key, None)
@@ -194,6 +197,17 @@ class MetadataType:
             key: orjson.dumps(value).decode() if key in self.json_keys and value is not None else value
             for key, value in meta.items()
         }
+
+
+def _holds_empty_struct(kind: Any) -> bool:
+    """Whether an Arrow type has a struct without fields anywhere inside it."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(kind):
+        return kind.num_fields == 0 or any(_holds_empty_struct(field.type) for field in kind)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _holds_empty_struct(kind.value_type)
+    return False
 
 
 async def metadata_type(metas: AsyncIterator[list[dict[str, Any]]]) -> MetadataType:

@@ -100,3 +100,35 @@ def test_parquet_row_groups_close_at_the_token_budget_with_the_same_rows() -> No
     assert whole.num_row_groups == 1
     assert small.read().to_pylist() == whole.read().to_pylist()
     assert small.read().column("prompt_ids").to_pylist() == [list(range(n * 10)) for n in range(6)]
+
+
+def test_metadata_holding_an_empty_object_anywhere_is_written_as_json_text() -> None:
+    metas = [
+        {"plain": 1, "empty": {}, "listed": [{}], "nested": {"inner": {}}, "kept": {"a": 1}},
+        {"plain": 2, "empty": {}, "listed": [], "nested": {"inner": {}}, "kept": {"a": 2}},
+    ]
+    meta = MetadataType()
+    meta.add(metas)
+    rows = [
+        {
+            "session_id": f"s{n}",
+            "step": 0,
+            "prompt_ids": Ids(((n, _blob([1, 2])),)),
+            "response_ids": Ids(((n, _blob([3])),)),
+            "loss_mask": Mask(((1, 1),)),
+            "rollout_logprobs": Logprobs(((n, np.asarray([-0.5], dtype="<f4").tobytes()),)),
+            "token_rewards": TokenRewards(1, 1.0),
+            "metadata": metas[n],
+        }
+        for n in range(2)
+    ]
+
+    async def written() -> bytes:
+        return b"".join([chunk async for chunk in parquet_stream("stepwise", _pages(rows), meta)])
+
+    read = pq.ParquetFile(io.BytesIO(asyncio.run(written()))).read().column("metadata").to_pylist()
+    assert [orjson.loads(value["empty"]) for value in read] == [{}, {}]
+    assert [orjson.loads(value["listed"]) for value in read] == [[{}], []]
+    assert [orjson.loads(value["nested"]) for value in read] == [{"inner": {}}, {"inner": {}}]
+    assert [value["kept"] for value in read] == [{"a": 1}, {"a": 2}]
+    assert [value["plain"] for value in read] == [1.0, 2.0]
