@@ -4,7 +4,7 @@ one session's rows on their own."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -20,7 +20,7 @@ from proxy.export.branches import BranchFilter
 from proxy.export.columns import as_lists
 from proxy.export.formats import jsonl, metadata_type, parquet_stream, require_pyarrow
 from proxy.export.rows import merged_rows_of, stepwise_rows_of
-from proxy.export.sqlite_reads import read_page, sqlite_file
+from proxy.export.sqlite_reads import Calls, Start, Stored, read_page, read_start, sqlite_file
 from proxy.export.summaries import Summary, decode, fresh_summaries, leaves
 from proxy.observe.export_tally import ExportTally
 from proxy.store.models import FinishedRow, SessionRow
@@ -83,6 +83,13 @@ async def _page_rows(
             repo = Repository(db)
             calls = await repo.token_calls(ids)
             stored = await repo.segment_summaries(ids, drift_mode)
+    return await _built(state, page, rows, calls, stored)
+
+
+async def _built(
+    state: AppState, page: Page, rows: RowFilter, calls: Calls, stored: Stored
+) -> list[tuple[int | None, SessionRow, list[dict[str, Any]]]]:
+    drift_mode = state.settings.drift_report
     build = merged_rows_of if rows.mode == "merged" else stepwise_rows_of
     built = []
     for seq, session in page:
@@ -115,14 +122,28 @@ def _units(
     return list(units.values())
 
 
+async def _pages_built(
+    state: AppState, selection: Selection, snapshot: Snapshot, rows: RowFilter, start: Start | None
+) -> AsyncIterator[list[tuple[int | None, SessionRow, list[dict[str, Any]]]]]:
+    """The selected pages' rows; with `start`, its first page already read (finished sessions, not
+    whole groups), the rest after its last cursor unless it was short (the last one)."""
+    if start is not None:
+        if start.page:
+            yield await _built(state, start.page, rows, start.calls, start.stored)
+        if len(start.page) < PAGE_SESSIONS:
+            return
+        selection = replace(selection, after=start.page[-1][0] or 0)  # finished: never None
+    async for page in selected_pages(state.db_sessions, selection, snapshot, PAGE_SESSIONS):
+        yield await _page_rows(state, page, rows)
+
+
 async def export_pages(
-    state: AppState, selection: Selection, snapshot: Snapshot, rows: RowFilter
+    state: AppState, selection: Selection, snapshot: Snapshot, rows: RowFilter, start: Start | None = None
 ) -> AsyncIterator[list[dict[str, Any]]]:
     """Rows a session (or a whole group) at a time; pages of PAGE_SESSIONS sessions are read at once,
     so memory stays bounded by a page's token blobs."""
     delivered = 0
-    async for page in selected_pages(state.db_sessions, selection, snapshot, PAGE_SESSIONS):
-        built = await _page_rows(state, page, rows)
+    async for built in _pages_built(state, selection, snapshot, rows, start):
         for unit in _units(built, rows.whole_groups):
             if rows.limit is not None and delivered >= rows.limit:
                 return
@@ -186,6 +207,19 @@ def _refuse_unknown(request: Request) -> None:
         )
 
 
+async def _snapshot(state: AppState, selection: Selection) -> tuple[Snapshot, Start | None]:
+    """The export's snapshot; on a SQLite file, for finished sessions (not whole groups), read with
+    the first page and its blobs in one transaction on the stdlib driver (the fixed cost of an
+    export through SQLAlchemy and aiosqlite was most of a small one's)."""
+    now = utcnow()
+    path = sqlite_file(state.settings.db)
+    if path is not None and selection.status == "finished" and not selection.whole_groups:
+        start = await read_start(path, selection, PAGE_SESSIONS, state.settings.drift_report)
+        return Snapshot(start.last_seq, now), start
+    async with state.db_sessions() as db:
+        return await take_snapshot(db, now), None
+
+
 @router.get("/export")
 async def export(
     request: Request,
@@ -221,11 +255,10 @@ async def export(
         _id_list(group_ids, "group_ids"),
         whole_groups,
     )
-    async with state.db_sessions() as db:
-        snapshot = await take_snapshot(db, utcnow())
+    snapshot, start = await _snapshot(state, selection)
     row_filter = RowFilter(mode, branches, min_weight_version, limit, whole_groups)
     # The first page is read before the status line goes out, so that a failing database is a 503.
-    rest = export_pages(state, selection, snapshot, row_filter)
+    rest = export_pages(state, selection, snapshot, row_filter, start)
     tally = ExportTally(request.app.state.metrics, mode, format)
     pages = tally.rows_of(_chained(await anext(rest, None), rest))
     if format == "parquet":

@@ -1,18 +1,25 @@
-"""An export page's bulk reads on a SQLite file (its calls' token blobs and its stored summaries)
-through the stdlib driver on a thread: SQLAlchemy's async layer over aiosqlite costs more than
-SQLite takes to read the blobs. Any other database reads them through the Repository."""
+"""An export's reads on a SQLite file through the stdlib driver on a thread: its snapshot and first
+page of finished sessions, each page's calls' token blobs and stored summaries. SQLAlchemy's async
+layer over aiosqlite costs more than SQLite takes to read them. Any other database reads them
+through the Repository and the selection's queries."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
+from sqlalchemy import Integer, bindparam
+from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import make_url
 
 from proxy.store.database import database_error, is_database_failure
-from proxy.store.models import CallRow, SegmentSummaryRow
+from proxy.store.models import CallRow, SegmentSummaryRow, SessionRow
 from proxy.store.repository import TokenCall
+from proxy.store.selection import LAST_SEQ, Page, Selection, finished_query
 
 # SQLite reads the blobs from the mapped file instead of copying them page by page through its
 # cache (about half the read time). The map is the connection's, gone when it closes after the
@@ -20,6 +27,7 @@ from proxy.store.repository import TokenCall
 MMAP_BYTES = 1 << 30
 BUSY_TIMEOUT_MS = 30_000
 
+T = TypeVar("T")
 Calls = dict[str, dict[int, TokenCall]]
 Stored = dict[str, dict[int, bytes]]
 
@@ -37,40 +45,149 @@ def _marks(count: int) -> str:
     return ",".join("?" * count)
 
 
-def _read(path: str, session_ids: Sequence[str], drift_mode: str) -> tuple[Calls, Stored]:
-    calls: Calls = {session_id: {} for session_id in session_ids}
-    stored: Stored = {session_id: {} for session_id in session_ids}
+def _connect(path: str) -> sqlite3.Connection:
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
         db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         db.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _blobs(db: sqlite3.Connection, session_ids: Sequence[str], drift_mode: str) -> tuple[Calls, Stored]:
+    calls: Calls = {session_id: {} for session_id in session_ids}
+    stored: Stored = {session_id: {} for session_id in session_ids}
+    for session_id, call_id, parent_id, added, output, logprobs, reward, experts in db.execute(
+        f"SELECT session_id, id, parent_id, prompt_added, output_ids, output_logprobs, reward,"
+        f" routed_experts FROM {CallRow.__tablename__}"
+        f" WHERE session_id IN ({_marks(len(session_ids))}) AND status = 'ok' ORDER BY id",
+        list(session_ids),
+    ):
+        calls[session_id][call_id] = TokenCall(call_id, parent_id, added, output, logprobs, reward, experts)
+    for session_id, leaf, summary in db.execute(
+        f"SELECT session_id, leaf_call_id, summary FROM {SegmentSummaryRow.__tablename__}"
+        f" WHERE session_id IN ({_marks(len(session_ids))}) AND drift_mode = ?",
+        [*session_ids, drift_mode],
+    ):
+        stored[session_id][int(leaf)] = summary
+    return calls, stored
+
+
+def _read(path: str, session_ids: Sequence[str], drift_mode: str) -> tuple[Calls, Stored]:
+    db = _connect(path)
+    try:
         db.execute("BEGIN")  # both reads see one snapshot, as the Repository's transaction does
-        for session_id, call_id, parent_id, added, output, logprobs, reward, experts in db.execute(
-            f"SELECT session_id, id, parent_id, prompt_added, output_ids, output_logprobs, reward,"
-            f" routed_experts FROM {CallRow.__tablename__}"
-            f" WHERE session_id IN ({_marks(len(session_ids))}) AND status = 'ok' ORDER BY id",
-            list(session_ids),
-        ):
-            calls[session_id][call_id] = TokenCall(
-                call_id, parent_id, added, output, logprobs, reward, experts
-            )
-        for session_id, leaf, summary in db.execute(
-            f"SELECT session_id, leaf_call_id, summary FROM {SegmentSummaryRow.__tablename__}"
-            f" WHERE session_id IN ({_marks(len(session_ids))}) AND drift_mode = ?",
-            [*session_ids, drift_mode],
-        ):
-            stored[session_id][int(leaf)] = summary
+        return _blobs(db, session_ids, drift_mode)
     finally:
         db.close()
-    return calls, stored
+
+
+async def _on_thread(read: Callable[[], T]) -> T:
+    """A read run on a thread; a failing database is a DatabaseUnavailable (503)."""
+    try:
+        return await asyncio.to_thread(read)
+    except Exception as exc:
+        if is_database_failure(exc):
+            raise database_error(exc) from exc
+        raise
 
 
 async def read_page(path: str, session_ids: Sequence[str], drift_mode: str) -> tuple[Calls, Stored]:
     """The completed calls (by id, in recording order) and the stored summaries (by leaf call) of
     these sessions, read in one transaction; a failing database is a DatabaseUnavailable (503)."""
+    return await _on_thread(functools.partial(_read, path, session_ids, drift_mode))
+
+
+# The statements SQLAlchemy runs for the snapshot and a page of finished sessions, compiled once
+# (a page's once per shape of its filters): compiling one costs about what running it does.
+_DIALECT = SQLiteDialect_pysqlite(paramstyle="qmark")
+_LAST_SEQ_SQL = str(LAST_SEQ.compile(dialect=_DIALECT))
+_COLUMNS = [(attr.key, attr.columns[0]) for attr in SessionRow.__mapper__.column_attrs]
+# Each column's conversion of what SQLite holds (datetime text, JSON text), SQLAlchemy's own.
+_CONVERTERS = [
+    (key, column.type.dialect_impl(_DIALECT).result_processor(_DIALECT, None)) for key, column in _COLUMNS
+]
+_MARK = "\0"  # starts the stand-in value of a filter's parameter; no session id holds it
+# Where a page query's parameter comes from: ("after" | "last_seq" | "size" | "consumer", None),
+# ("session_ids" | "group_ids", index in the list), ("value", a constant of the statement).
+Slot = tuple[str, Any]
+
+
+@functools.lru_cache(maxsize=64)
+def _page_sql(ids: int | None, groups: int | None, consumer: bool) -> tuple[str, tuple[Slot, ...]]:
+    """The page query for filters of this shape, and where each of its parameters comes from."""
+    shape = Selection(
+        consumer=f"{_MARK}consumer" if consumer else None,
+        session_ids=None if ids is None else [f"{_MARK}session_ids{_MARK}{i}" for i in range(ids)],
+        group_ids=None if groups is None else [f"{_MARK}group_ids{_MARK}{i}" for i in range(groups)],
+    )
+    marks = [bindparam(name, 0, type_=Integer) for name in ("after", "last_seq", "size")]
+    query = finished_query(shape, *marks, *(column for _, column in _COLUMNS))
+    compiled = query.compile(dialect=_DIALECT, compile_kwargs={"render_postcompile": True})
+    slots: list[Slot] = []
+    for name in compiled.positiontup or ():
+        value = compiled.params[name]
+        if name in ("after", "last_seq", "size"):
+            slots.append((name, None))
+        elif isinstance(value, str) and value.startswith(_MARK):
+            _, source, *index = value.split(_MARK)
+            slots.append((source, int(index[0]) if index else None))
+        else:
+            slots.append(("value", value))
+    return str(compiled), tuple(slots)
+
+
+def _page_params(slots: Sequence[Slot], selection: Selection, last_seq: int, size: int) -> list[Any]:
+    scalars = {"after": selection.after, "last_seq": last_seq, "size": size, "consumer": selection.consumer}
+    lists = {"session_ids": selection.session_ids or (), "group_ids": selection.group_ids or ()}
+    return [
+        arg if source == "value" else scalars[source] if source in scalars else lists[source][arg]
+        for source, arg in slots
+    ]
+
+
+def _session(values: Sequence[Any]) -> SessionRow:
+    return SessionRow(
+        **{
+            key: value if convert is None else convert(value)
+            for (key, convert), value in zip(_CONVERTERS, values, strict=True)
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Start:
+    """An export's snapshot and its first page of finished sessions with their calls and summaries."""
+
+    last_seq: int
+    page: Page
+    calls: Calls
+    stored: Stored
+
+
+def _start(path: str, selection: Selection, size: int, drift_mode: str) -> Start:
+    sql, slots = _page_sql(
+        None if selection.session_ids is None else len(selection.session_ids),
+        None if selection.group_ids is None else len(selection.group_ids),
+        selection.consumer is not None,
+    )
+    db = _connect(path)
     try:
-        return await asyncio.to_thread(_read, path, session_ids, drift_mode)
-    except Exception as exc:
-        if is_database_failure(exc):
-            raise database_error(exc) from exc
-        raise
+        db.execute("BEGIN")  # the snapshot and the first page in one read transaction
+        last_seq = int(db.execute(_LAST_SEQ_SQL).fetchone()[0] or 0)
+        rows = db.execute(sql, _page_params(slots, selection, last_seq, size)).fetchall()
+        page: Page = [(int(row[0]), _session(row[1:])) for row in rows]
+        calls, stored = _blobs(db, [session.id for _, session in page], drift_mode)
+    finally:
+        db.close()
+    return Start(last_seq, page, calls, stored)
+
+
+async def read_start(path: str, selection: Selection, size: int, drift_mode: str) -> Start:
+    """The snapshot (the last finished sequence number now) and the first page of up to `size`
+    finished sessions `selection` gives (not whole groups), read in one transaction."""
+    if selection.status != "finished" or selection.whole_groups:
+        raise ValueError("read_start reads finished sessions, not whole groups")
+    return await _on_thread(functools.partial(_start, path, selection, size, drift_mode))

@@ -38,8 +38,11 @@ class Snapshot:
     created_before: datetime
 
 
+LAST_SEQ = select(func.max(FinishedRow.seq))
+
+
 async def take_snapshot(db: DbSession, now: datetime) -> Snapshot:
-    last = await db.scalar(select(func.max(FinishedRow.seq)))
+    last = await db.scalar(LAST_SEQ)
     return Snapshot(int(last or 0), now)
 
 
@@ -54,20 +57,26 @@ def _filtered(query: Any, selection: Selection) -> Any:
     return query
 
 
+def finished_query(selection: Selection, after: Any, last_seq: Any, size: Any, *columns: Any) -> Any:
+    """A page of finished sessions after cursor `after` up to the snapshot's `last_seq` (values or
+    bind parameters: the SQLite export path compiles this once per shape), with these columns (the
+    whole SessionRow by default) after the cursor."""
+    query = (
+        select(FinishedRow.seq, *(columns or (SessionRow,)))
+        .join(SessionRow, SessionRow.id == FinishedRow.session_id)
+        .where(FinishedRow.seq > after, FinishedRow.seq <= last_seq)
+        .order_by(FinishedRow.seq)
+        .limit(size)
+    )
+    return _filtered(query, selection)
+
+
 async def _finished(
     db: DbSession, selection: Selection, snapshot: Snapshot, after: int, size: int
 ) -> tuple[Page, int | None]:
     """A page of finished sessions, and the cursor after it (None: nothing left)."""
-    query = (
-        select(FinishedRow.seq, SessionRow)
-        .join(SessionRow, SessionRow.id == FinishedRow.session_id)
-        .where(FinishedRow.seq > after, FinishedRow.seq <= snapshot.last_seq)
-        .order_by(FinishedRow.seq)
-        .limit(size)
-    )
-    page: Page = [
-        (int(seq), session) for seq, session in (await db.execute(_filtered(query, selection))).all()
-    ]
+    query = finished_query(selection, after, snapshot.last_seq, size)
+    page: Page = [(int(seq), session) for seq, session in (await db.execute(query)).all()]
     return page, (page[-1][0] if page else None)
 
 
