@@ -16,9 +16,13 @@ import orjson
 import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
-from proxy.export.sqlite_reads import read_page
+from proxy.api.export import PAGE_SESSIONS
+from proxy.client import TitoClient
+from proxy.export.sqlite_reads import read_page, read_start
 from proxy.store.database import create_engine, session_factory
-from proxy.store.repository import Repository
+from proxy.store.models import SessionRow
+from proxy.store.repository import Repository, utcnow
+from proxy.store.selection import Selection, _finished, take_snapshot
 from tests.conftest import ProxyFactory
 from tests.fakes.sglang import FakeSGLang
 from tests.support import token_id
@@ -122,3 +126,101 @@ def test_the_sqlite_export_reads_what_the_repository_reads(
     assert got[0]["missing"] == {}
     assert all(got[1][session] for session in ("r0", "r1"))
     assert [list(calls) for calls in got[0].values()] == [sorted(calls) for calls in got[0].values()]
+
+
+def _one_turn(url: str, client: TitoClient, session: str, group: str | None, index: int | None) -> None:
+    client.create_session(
+        session, {"n": session, "nested": {"at": [1, 2.5, None]}}, group_id=group, sample_index=index
+    )
+    reply = httpx.post(f"{url}/sessions/{session}/v1/chat/completions", json=_HI, timeout=60)
+    assert reply.status_code == 200, reply.text
+
+
+_HI = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+
+
+def _as_columns(session: SessionRow) -> dict[str, Any]:
+    return {attr.key: getattr(session, attr.key) for attr in SessionRow.__mapper__.column_attrs}
+
+
+async def _through_sqlalchemy(db: Path, selection: Selection, size: int) -> tuple[Any, ...]:
+    """What the SQLAlchemy path reads for an export's start: snapshot, first page, blobs."""
+    database = create_engine(f"sqlite:///{db}")
+    try:
+        async with session_factory(database)() as session:
+            snapshot = await take_snapshot(session, utcnow())
+            page, _ = await _finished(session, selection, snapshot, selection.after, size)
+            ids = [row.id for _, row in page]
+            repo = Repository(session)
+            blobs = (await repo.token_calls(ids), await repo.segment_summaries(ids, "strict"))
+    finally:
+        await database.dispose()
+    return snapshot.last_seq, [(seq, _as_columns(row)) for seq, row in page], *blobs
+
+
+def test_the_sqlite_export_start_reads_what_sqlalchemy_reads(
+    start_proxy: ProxyFactory, engine: FakeSGLang, tmp_path: Path
+) -> None:
+    """An export's snapshot and first page on a SQLite file (proxy.export.sqlite_reads.read_start:
+    SQLAlchemy's statements run on the stdlib driver) are what the selection's queries read, the
+    sessions' columns converted alike (datetimes, JSON metadata), for every shape of filter."""
+    db = tmp_path / "start.db"
+    with start_proxy(db=db) as url, TitoClient(url) as client:
+        for n in range(6):
+            _one_turn(url, client, f"s{n}", "g1" if n % 2 else None, n if n % 2 else None)
+            if n != 4:  # s4 stays active
+                assert httpx.post(f"{url}/sessions/s{n}/finish").status_code == 200
+        assert httpx.get(f"{url}/export", timeout=60).status_code == 200  # summaries stored
+        assert (
+            httpx.post(f"{url}/export/ack", json={"consumer": "c", "session_ids": ["s1"]}).status_code == 200
+        )
+    selections = [
+        Selection(),
+        Selection(after=2),
+        Selection(session_ids=["s0", "s3", "s4", "missing"]),
+        Selection(session_ids=[]),
+        Selection(group_ids=["g1"]),
+        Selection(consumer="c"),
+        Selection(consumer="c", session_ids=["s1", "s3", "s5"], group_ids=["g1", "g2"], after=1),
+    ]
+    for selection in selections:
+        for size in (2, 16):
+            expected = asyncio.run(_through_sqlalchemy(db, selection, size))
+            start = asyncio.run(read_start(str(db), selection, size, "strict"))
+            got = (
+                start.last_seq,
+                [(seq, _as_columns(row)) for seq, row in start.page],
+                start.calls,
+                start.stored,
+            )
+            assert got == expected, (selection, size)
+    assert [row["id"] for _, row in expected[1]] == ["s3", "s5"]  # the last shape: s1 acked, s4 active
+    assert all(expected[2].values())
+    assert all(expected[3].values())
+
+
+def test_a_multi_page_export_delivers_every_session_once_in_order(
+    start_proxy: ProxyFactory, engine: FakeSGLang, tmp_path: Path
+) -> None:
+    """More sessions than a page: the first page read with the snapshot, the others after it, each
+    row what the session's own samples give; `after` and a consumer's acks are honoured."""
+    sessions = [f"p{n:02d}" for n in range(PAGE_SESSIONS + 3)]
+    with start_proxy(db=tmp_path / "pages.db") as url, TitoClient(url) as client:
+        for session in sessions:
+            _one_turn(url, client, session, None, None)
+            assert httpx.post(f"{url}/sessions/{session}/finish").status_code == 200
+        rows = _get(url, "merged", "jsonl")
+        assert [row["session_id"] for row in rows] == sessions
+        assert [row["cursor"] for row in rows] == list(range(1, len(sessions) + 1))
+        for row in rows:
+            samples = httpx.get(f"{url}/sessions/{row['session_id']}/samples", params={"mode": "merged"})
+            assert samples.json()["samples"] == [row]
+        after = httpx.get(f"{url}/export", params={"after": PAGE_SESSIONS}, timeout=60).content.splitlines()
+        assert [orjson.loads(line) for line in after] == rows[PAGE_SESSIONS:]
+        acked = {"consumer": "c", "session_ids": sessions[1 : PAGE_SESSIONS + 1]}
+        assert httpx.post(f"{url}/export/ack", json=acked).status_code == 200
+        left = httpx.get(f"{url}/export", params={"consumer": "c"}, timeout=60).content.splitlines()
+        assert [orjson.loads(line)["session_id"] for line in left] == [
+            sessions[0],
+            *sessions[PAGE_SESSIONS + 1 :],
+        ]
