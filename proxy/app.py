@@ -282,14 +282,26 @@ class WorkerHeader:
         await self.app(scope, receive, named)
 
 
+# Container allocations between collections of the youngest generation (CPython's default: 700).
+YOUNG_GC_THRESHOLD = 5_000
+
+
 def _freeze_startup_heap() -> None:
     """Keep the start-up heap (tokenizer, templates, SQLAlchemy, FastAPI) out of every collection.
 
     Without this, the first full (generation 2) collection while serving walks those ~million objects
     and stalls the event loop for 60-200 ms: the lone slow turn seen around turn 50 of a long
-    conversation. Frozen objects are never scanned; what serving allocates is still collected."""
+    conversation. Frozen objects are never scanned; what serving allocates is still collected.
+
+    A turn allocates thousands of containers, so at the default first threshold (700) the young
+    generation is collected several times a turn and its survivors promoted into ever more middle
+    collections. At 5,000 the collector's CPU under `bench.concurrency` fell by a third (0.41 s -> 0.28 s
+    over 2,048 turns, timed with gc.callbacks), with the same resident memory under
+    `bench.memory_soak` and no worse p99 in `bench.turn_latency`."""
     gc.collect()
     gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_GC_THRESHOLD, middle, old)
 
 
 async def _finish_idle_sessions(state: AppState) -> None:

@@ -8,10 +8,10 @@ chat template. A malformed tool call is returned as content, never as an error.
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import string
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -44,7 +44,7 @@ def new_tool_call_id(style: CallIdStyle = "openai") -> str:
     (Mistral's refuse any id but nine alphanumerics; the probe finds out)."""
     if style == "alphanumeric9":
         return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(9))
-    return "call_" + uuid.uuid4().hex[:24]
+    return "call_" + os.urandom(12).hex()  # 24 random hex digits, no UUID built
 
 
 def _call(name: str, arguments: Any, call_id: str | None = None) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -20,7 +19,7 @@ from proxy.api.schemas import ChatCompletionRequest
 from proxy.api.streaming import StreamOptions
 from proxy.app_state import AppState
 from proxy.dialects.shared import for_model, sampling_constraint
-from proxy.engines.base import SamplingParams
+from proxy.engines.base import ConstraintKind, SamplingParams
 from proxy.turns import TurnRequest, TurnResult
 
 
@@ -45,7 +44,12 @@ router = APIRouter(prefix="/v1", tags=["openai"], route_class=ChatRoute)
 
 
 def sampling_params(
-    body: Any, *, stop_token_ids: tuple[int, ...], state: AppState, top_logprobs: int = 0
+    body: Any,
+    *,
+    stop_token_ids: tuple[int, ...],
+    state: AppState,
+    top_logprobs: int = 0,
+    constraint: tuple[ConstraintKind, str] | None = None,
 ) -> SamplingParams:
     """The request's sampling fields as SGLang's, shared by chat and text completions. `seed` is best
     effort as in OpenAI's API: SGLang's sampling_seed, deterministic only on a server started with
@@ -63,6 +67,7 @@ def sampling_params(
         stop_token_ids=stop_token_ids,
         seed=body.seed,
         top_logprobs=top_logprobs,
+        constraint=constraint,
     )
 
 
@@ -75,6 +80,9 @@ def _turn_request(
         stop_token_ids=state.renderer.stop_token_ids,
         state=state,
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
+        constraint=sampling_constraint(
+            state, body.tool_choice, body.response_format, tools, format_param="response_format"
+        ),
     )
     plain, canonical = body.message_forms()
     return TurnRequest(
@@ -83,12 +91,7 @@ def _turn_request(
         known_hash=body.history_hash(),
         tools=tools,
         template_kwargs=body.chat_template_kwargs or None,
-        sampling=replace(
-            params,
-            constraint=sampling_constraint(
-                state, body.tool_choice, body.response_format, tools, format_param="response_format"
-            ),
-        ),
+        sampling=params,
         max_tokens_requested=body.requested_max_tokens,
         raw=body.model_dump(exclude={"messages", "tools", "chat_template_kwargs"}, exclude_none=True),
         choices=body.n or 1,

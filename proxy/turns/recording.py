@@ -6,8 +6,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import replace
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import anyio
 import numpy as np
@@ -47,6 +46,14 @@ class TurnRecorder:
         self.answers = answers
         self._clock = clock
         self.metrics: Metrics | None = None  # set by the app; None in tests that build a runner alone
+        self._wire: Callable[[SamplingParams], dict[str, Any]] | None = None
+
+    def _wire_sampling(self, params: SamplingParams) -> dict[str, Any]:
+        """The sampling parameters as recorded. The engine's way is looked up once, on the first call
+        (a pool has no member to ask before its engines are set up), not through its wrappers each turn."""
+        if self._wire is None:
+            self._wire = _sampling_recorder(self.engine)
+        return self._wire(params)
 
     async def record_choices(
         self,
@@ -57,18 +64,18 @@ class TurnRecorder:
     ) -> list[TurnResult]:
         """Commit the calls of one request in one transaction, then remember their contexts."""
         generated = self._clock()
+        # One dict for the request's calls, filled once they are built (parse_ms times the building):
+        # no copy of each call to set it.
+        timings: dict[str, float] = {}
         built = [
-            self._new_call(turn, index, generation, status or status_of(generation))
+            self._new_call(turn, index, generation, status or status_of(generation), timings)
             for index, generation in generations
         ]
         done = self._clock()
+        timings.update(_timings(turn.started, turn.rendered, generated, done))
         call_ids = await self.store.record(
             TurnWrite(
-                session_id=turn.session_id,
-                template_now=turn.template_now,
-                calls=[
-                    _with_timings(call, turn.started, turn.rendered, generated, done) for call, _ in built
-                ],
+                session_id=turn.session_id, template_now=turn.template_now, calls=[call for call, _ in built]
             )
         )
         if self.metrics is not None:
@@ -144,7 +151,7 @@ class TurnRecorder:
         self.contexts.put(call_id, Recorded(context, conversation), extends=extends)
 
     def _new_call(
-        self, turn: PreparedTurn, index: int, generation: Generation, status: str
+        self, turn: PreparedTurn, index: int, generation: Generation, status: str, timings: dict[str, float]
     ) -> tuple[NewCall, ParsedOutput]:
         plan, request = turn.plan, turn.request
         output = self.answers.parse(generation, reasoning_open=turn.reasoning_open, parser=turn.parser)
@@ -172,10 +179,10 @@ class TurnRecorder:
             boundary_edits=plan.boundary_edits,
             request=_recorded_request(turn),
             response_message=reply,
-            sampling_params=_recorded_sampling(self.engine, turn.params),
+            sampling_params=self._wire_sampling(turn.params),
             weight_version=generation.weight_version or turn.dispatched_version,
             engine_meta=_engine_meta(turn, generation),
-            timings={},
+            timings=timings,
             idempotency_key=request.idempotency_key,
             request_hash=request.request_hash,
             adapter=turn.params.adapter,
@@ -239,19 +246,18 @@ def _warn_experts_missing() -> None:
     )
 
 
-def _recorded_sampling(engine: Engine, params: SamplingParams) -> dict[str, Any]:
-    """The sampling parameters as the engine got them (vLLM's names for vLLM, SGLang's otherwise)."""
+def _sampling_recorder(engine: Engine) -> Callable[[SamplingParams], dict[str, Any]]:
+    """How sampling parameters are recorded: as the engine gets them (vLLM's names for vLLM, SGLang's
+    otherwise)."""
     wire = getattr(engine, "wire_sampling", None)
-    recorded: dict[str, Any] = wire(params) if callable(wire) else params.as_sglang()
-    return recorded
+    if callable(wire):
+        return cast("Callable[[SamplingParams], dict[str, Any]]", wire)
+    return SamplingParams.as_sglang
 
 
-def _with_timings(call: NewCall, started: float, rendered: float, generated: float, done: float) -> NewCall:
-    return replace(
-        call,
-        timings={
-            "render_ms": round((rendered - started) * 1000, 3),
-            "engine_ms": round((generated - rendered) * 1000, 3),
-            "parse_ms": round((done - generated) * 1000, 3),
-        },
-    )
+def _timings(started: float, rendered: float, generated: float, done: float) -> dict[str, float]:
+    return {
+        "render_ms": round((rendered - started) * 1000, 3),
+        "engine_ms": round((generated - rendered) * 1000, 3),
+        "parse_ms": round((done - generated) * 1000, 3),
+    }

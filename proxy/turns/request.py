@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-import uuid
+import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -80,7 +80,8 @@ class PreparedTurn:
     rendered: float
     reasoning_open: bool
     parser: OutputParser
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # shared by the request's choices
+    # Shared by the request's choices: 32 random hex digits, as a uuid4's hex.
+    request_id: str = field(default_factory=lambda: os.urandom(16).hex())
 
 
 @dataclass(frozen=True)

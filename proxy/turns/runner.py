@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
@@ -127,15 +127,9 @@ class TurnRunner:
         turn = await self.prepare(session_id, request)
         if _completed(client_gone):
             raise ClientClosedRequest("the client left before its turn was sampled")
-        request_ids = [uuid.uuid4().hex for _ in range(request.choices)]  # fixed length: see sglang.py
-        sampling: asyncio.Future[list[Generation]] = asyncio.ensure_future(
-            asyncio.gather(
-                *(
-                    self.engine.generate(turn.plan.prompt, turn.params, rid, affinity=session_id)
-                    for rid in request_ids
-                )
-            )
-        )
+        # 32 hex digits as a uuid4's (fixed length: see sglang.py), without building a UUID per id.
+        request_ids = [os.urandom(16).hex() for _ in range(request.choices)]
+        sampling: asyncio.Future[list[Generation]] = asyncio.ensure_future(self._sample(turn, request_ids))
         if client_gone is not None:
             try:
                 await asyncio.wait({sampling, client_gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -152,6 +146,18 @@ class TurnRunner:
                     f"the engine aborted the request: {generation.finish.message}", code="engine_aborted"
                 )
         return results
+
+    async def _sample(self, turn: PreparedTurn, request_ids: list[str]) -> list[Generation]:
+        """Every choice's generation, in order. One choice (nearly every turn) is awaited in this task:
+        a gather would add a task and a future per turn."""
+        prompt, params, session_id = turn.plan.prompt, turn.params, turn.session_id
+        if len(request_ids) == 1:
+            return [await self.engine.generate(prompt, params, request_ids[0], affinity=session_id)]
+        return list(
+            await asyncio.gather(
+                *(self.engine.generate(prompt, params, rid, affinity=session_id) for rid in request_ids)
+            )
+        )
 
     async def record(
         self, turn: PreparedTurn, generation: Generation, *, status: str | None = None, choice_index: int = 0
