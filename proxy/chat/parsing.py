@@ -8,7 +8,6 @@ chat template. A malformed tool call is returned as content, never as an error.
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import string
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy.chat.messages import Message
+from proxy.ids import random_hex
 from proxy.json_limits import loads_bounded
 
 
@@ -44,7 +44,7 @@ def new_tool_call_id(style: CallIdStyle = "openai") -> str:
     (Mistral's refuse any id but nine alphanumerics; the probe finds out)."""
     if style == "alphanumeric9":
         return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(9))
-    return "call_" + os.urandom(12).hex()  # 24 random hex digits, no UUID built
+    return "call_" + random_hex(12)
 
 
 def _call(name: str, arguments: Any, call_id: str | None = None) -> dict[str, Any]:

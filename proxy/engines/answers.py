@@ -1,4 +1,5 @@
-"""An engine's plain (unstreamed) answer parsed as JSON, its failures named as engine errors."""
+"""The JSON of an engine call: the request body written, a plain (unstreamed) answer parsed with its
+failures named as engine errors."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ from typing import Any
 import orjson
 
 from proxy.errors import EngineError
+
+
+def request_json(payload: dict[str, Any]) -> bytes:
+    """A request's body; a 32k-token prompt array is written straight from numpy, without a Python
+    list in between."""
+    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def json_answer(content: bytes, engine: str) -> Any:

@@ -13,7 +13,7 @@ import orjson
 from yarl import URL
 
 from proxy.engines import router as sglang_router
-from proxy.engines.answers import json_answer
+from proxy.engines.answers import json_answer, request_json
 from proxy.engines.base import (
     ContextLimits,
     EngineInfo,
@@ -123,11 +123,6 @@ def _aligned_logprobs(output_ids: list[Any], entries: Any) -> list[Any]:
     ):
         raise InvalidEngineAnswer("SGLang returned a logprob entry that does not match its output id")
     return [entry[0] for entry in entries]
-
-
-def _json(payload: dict[str, Any]) -> bytes:
-    # A 32k-token prompt array is written straight from numpy, without a Python list in between.
-    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def _request_payload(
@@ -252,7 +247,7 @@ class SGLangEngine:
         affinity: str | None = None,
     ) -> Generation:
         payload = _request_payload(input_ids, params, request_id or uuid.uuid4().hex, stream=False)
-        answer = await self._http().post("/generate", _json(payload), self._headers(affinity))
+        answer = await self._http().post("/generate", request_json(payload), self._headers(affinity))
         if answer.status != 200:
             message = _error_message(answer.status, answer.body)
             raise _adapter_refusal(refusal(answer.status, message), params)
@@ -275,7 +270,7 @@ class SGLangEngine:
         self, input_ids: PromptIds, params: SamplingParams, request_id: str, *, affinity: str | None = None
     ) -> AsyncIterator[StreamChunk]:
         payload = _request_payload(input_ids, params, request_id, stream=True)
-        response = await self._http().open("/generate", _json(payload), self._headers(affinity))
+        response = await self._http().open("/generate", request_json(payload), self._headers(affinity))
         await self._raise_for_status(response, params)
         if not response.content_type.startswith("text/event-stream"):
             response.close()

@@ -48,7 +48,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from proxy.engines.answers import json_answer
+from proxy.engines.answers import json_answer, request_json
 from proxy.engines.base import (
     ContextLimits,
     EngineInfo,
@@ -249,20 +249,25 @@ class VLLMEngine:
         self.probe = probe = replace(probe, route="completions")
         return probe
 
-    async def _post(self, probe: VLLMProbe, prompt: PromptIds, params: SamplingParams, rid: str) -> Answer:
+    def _request(
+        self, probe: VLLMProbe, prompt: PromptIds, params: SamplingParams, rid: str, *, stream: bool
+    ) -> tuple[str, bytes]:
+        """The path the probed route takes and the request's body."""
         path = GENERATE_PATH if probe.route == "generate" else COMPLETIONS_PATH
-        payload = self._payload(probe, prompt, params, rid, stream=False)
-        body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
-        answer = await self._http().post(path, body, self._headers)
+        return path, request_json(self._payload(probe, prompt, params, rid, stream=stream))
+
+    async def _post(self, probe: VLLMProbe, prompt: PromptIds, params: SamplingParams, rid: str) -> Answer:
+        answer = await self._http().post(
+            *self._request(probe, prompt, params, rid, stream=False), self._headers
+        )
         if answer.status != 200:
             raise _refusal(probe, params, answer.status, answer.body)
         return answer
 
     async def _send(self, probe: VLLMProbe, prompt: PromptIds, params: SamplingParams, rid: str) -> Stream:
-        path = GENERATE_PATH if probe.route == "generate" else COMPLETIONS_PATH
-        payload = self._payload(probe, prompt, params, rid, stream=True)
-        body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
-        response = await self._http().open(path, body, self._headers)
+        response = await self._http().open(
+            *self._request(probe, prompt, params, rid, stream=True), self._headers
+        )
         if response.status == 200:
             return response
         try:

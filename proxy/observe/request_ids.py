@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from proxy.ids import random_hex
 from proxy.observe import context
 
 HEADER = b"x-request-id"
@@ -24,7 +24,7 @@ def accepted_id(presented: bytes | None) -> str:
         text = presented.decode("latin-1")
         if _VALID.match(text):
             return text
-    return os.urandom(16).hex()  # 32 hex digits, as uuid4().hex but without building a UUID
+    return random_hex()
 
 
 def session_of(path: str, headers: dict[bytes, bytes]) -> str | None:

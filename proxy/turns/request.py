@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 from proxy.chat.messages import HistoryHash, Message, canonical_json
 from proxy.chat.parsing import OutputParser, ParsedOutput
 from proxy.engines.base import Generation, SamplingParams
+from proxy.ids import random_hex
 from proxy.store.codec import IdArray
 from proxy.store.turn_store import ContinuedCall
 
@@ -81,7 +81,7 @@ class PreparedTurn:
     reasoning_open: bool
     parser: OutputParser
     # Shared by the request's choices: 32 random hex digits, as a uuid4's hex.
-    request_id: str = field(default_factory=lambda: os.urandom(16).hex())
+    request_id: str = field(default_factory=random_hex)
 
 
 @dataclass(frozen=True)

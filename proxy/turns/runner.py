@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -20,6 +19,7 @@ from proxy.chat.parsing import OutputParser, ParsedOutput
 from proxy.chat.renderer import Renderer
 from proxy.engines.base import Engine, FinishReason, Generation
 from proxy.errors import ClientClosedRequest, EngineError, SessionFinished
+from proxy.ids import random_hex
 from proxy.observe.metrics import Metrics
 from proxy.store.prompts import ContextCache
 from proxy.store.turn_store import TurnStore
@@ -127,8 +127,8 @@ class TurnRunner:
         turn = await self.prepare(session_id, request)
         if _completed(client_gone):
             raise ClientClosedRequest("the client left before its turn was sampled")
-        # 32 hex digits as a uuid4's (fixed length: see sglang.py), without building a UUID per id.
-        request_ids = [os.urandom(16).hex() for _ in range(request.choices)]
+        # 32 hex digits as a uuid4's (fixed length: see sglang.py).
+        request_ids = [random_hex() for _ in range(request.choices)]
         sampling: asyncio.Future[list[Generation]] = asyncio.ensure_future(self._sample(turn, request_ids))
         if client_gone is not None:
             try:
