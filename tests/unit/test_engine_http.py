@@ -5,12 +5,13 @@ limit and a clean close."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
@@ -30,6 +31,16 @@ def answer(body: bytes = b"{}", status: str = "200 OK", extra: bytes = b"") -> b
         extra,
         body,
     )
+
+
+@contextlib.asynccontextmanager
+async def _client(base_url: str, **options: Any) -> AsyncIterator[EngineHTTP]:
+    """A client closed however the test ends."""
+    client = EngineHTTP(base_url, **options)
+    try:
+        yield client
+    finally:
+        await client.aclose()
 
 
 class Server:
@@ -156,11 +167,8 @@ def test_keep_alive_answers_reuse_one_connection(serve: Callable[..., Server], r
     server = serve(keep_alive)
 
     async def main() -> list[bytes]:
-        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0)
-        try:
+        async with _client(server.url, engine="the engine", timeout_s=5.0) as client:
             return [(await client.post("/generate", b'{"n":%d}' % n, JSON)).body for n in range(3)]
-        finally:
-            await client.aclose()
 
     assert run(main) == [b'{"n":0}', b'{"n":1}', b'{"n":2}']
     assert len(server.connections) == 1
@@ -178,11 +186,8 @@ def test_a_chunked_answer_is_read_whole(serve: Callable[..., Server], run: Runne
     server = serve(chunked)
 
     async def main() -> list[bytes]:
-        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0)
-        try:
+        async with _client(server.url, engine="the engine", timeout_s=5.0) as client:
             return [(await client.post("/generate", b"{}", JSON)).body for _ in range(2)]
-        finally:
-            await client.aclose()
 
     assert run(main) == [b'{"a":12}', b'{"a":12}']
     assert len(server.connections) == 1
@@ -199,11 +204,8 @@ def test_an_answer_ended_by_the_connection_closing_is_read_whole_and_not_pooled(
     server = serve(until_close)
 
     async def main() -> list[bytes]:
-        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0)
-        try:
+        async with _client(server.url, engine="the engine", timeout_s=5.0) as client:
             return [(await client.post("/generate", b"{}", JSON)).body for _ in range(2)]
-        finally:
-            await client.aclose()
 
     assert run(main) == [b"[1,2,3]", b"[1,2,3]"]
     assert len(server.connections) == 2
@@ -217,12 +219,9 @@ def test_an_error_status_is_an_answer_with_its_body(serve: Callable[..., Server]
     server = serve(refusing)
 
     async def main() -> tuple[int, bytes]:
-        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0)
-        try:
+        async with _client(server.url, engine="the engine", timeout_s=5.0) as client:
             got = await client.post("/generate", b"{}", JSON)
             return got.status, got.body
-        finally:
-            await client.aclose()
 
     assert run(main) == (400, b'{"error":"context length"}')
 
@@ -234,13 +233,10 @@ def test_extra_headers_reach_the_engine_and_a_line_break_in_one_is_refused(
     server = serve(keep_alive)
 
     async def main() -> None:
-        client = EngineHTTP(server.url + "/prefix/", engine="the engine", timeout_s=5.0)
-        try:
+        async with _client(server.url + "/prefix/", engine="the engine", timeout_s=5.0) as client:
             await client.post("/generate", b"{}", {**JSON, "X-SMG-Routing-Key": "session-1"})
             with pytest.raises(InvalidRequest):
                 await client.post("/generate", b"{}", {"X-SMG-Routing-Key": "a\r\nX-Evil: 1"})
-        finally:
-            await client.aclose()
 
     run(main)
     assert len(server.heads) == 1
@@ -260,14 +256,11 @@ def test_a_pooled_connection_the_engine_closed_while_idle_is_sent_again_once(
     server = serve(closing)
 
     async def main() -> None:
-        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0)
-        try:
+        async with _client(server.url, engine="the engine", timeout_s=5.0) as client:
             for body in (b"{}", b'{"a":1}', b'{"b":22}'):
                 assert (await client.post("/generate", body, JSON)).body == body
                 # A busy event loop: the engine closes the pooled connection before the loop sees it.
                 time.sleep(0.2)  # noqa: ASYNC251 (blocking the loop is the point)
-        finally:
-            await client.aclose()
 
     run(main)
     assert server.requests == [b"{}", b'{"a":1}', b'{"b":22}']  # each reached the engine exactly once
@@ -283,12 +276,9 @@ def test_a_fresh_connection_closed_before_the_answer_is_not_retried(
     server = serve(dying)
 
     async def main() -> None:
-        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0)
-        try:
+        async with _client(server.url, engine="the engine", timeout_s=5.0) as client:
             with pytest.raises(EngineUnavailable, match="cannot reach the engine"):
                 await client.post("/generate", b"{}", JSON)
-        finally:
-            await client.aclose()
 
     run(main)
     assert server.requests == [b"{}"]
@@ -306,13 +296,10 @@ def test_an_answer_cut_after_its_first_byte_is_an_error_and_not_resent(
     server = serve(cutting)
 
     async def main() -> None:
-        client = EngineHTTP(server.url, engine="vLLM", timeout_s=5.0)
-        try:
+        async with _client(server.url, engine="vLLM", timeout_s=5.0) as client:
             await client.post("/generate", b"1", JSON)
             with pytest.raises(EngineUnavailable, match="vLLM's answer was cut"):
                 await client.post("/generate", b"2", JSON)
-        finally:
-            await client.aclose()
 
     run(main)
     assert server.requests == [b"1", b"2"]
@@ -328,12 +315,9 @@ def test_a_malformed_answer_is_an_error(serve: Callable[..., Server], run: Runne
     server = serve(garbage)
 
     async def main() -> None:
-        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0)
-        try:
+        async with _client(server.url, engine="the engine", timeout_s=5.0) as client:
             with pytest.raises(EngineUnavailable, match="malformed HTTP answer"):
                 await client.post("/generate", b"{}", JSON)
-        finally:
-            await client.aclose()
 
     run(main)
     assert server.closed_by_client.wait(5.0)
@@ -353,8 +337,7 @@ def test_a_cancelled_request_closes_its_connection_and_the_next_opens_a_new_one(
     server = serve(slow_first)
 
     async def main() -> None:
-        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0)
-        try:
+        async with _client(server.url, engine="the engine", timeout_s=5.0) as client:
             task = asyncio.create_task(client.post("/generate", b"first", JSON))
             assert await asyncio.to_thread(server.received.wait, 5.0)
             task.cancel()
@@ -362,8 +345,6 @@ def test_a_cancelled_request_closes_its_connection_and_the_next_opens_a_new_one(
                 await task
             assert await asyncio.to_thread(server.closed_by_client.wait, 5.0)  # the engine sees it leave
             assert (await client.post("/generate", b"second", JSON)).body == b"second"
-        finally:
-            await client.aclose()
 
     run(main)
     assert len(server.connections) == 2
@@ -386,13 +367,10 @@ def test_silence_past_the_timeout_is_an_engine_timeout_but_a_slow_steady_answer_
     server = serve(trickling)
 
     async def main() -> None:
-        client = EngineHTTP(server.url, engine="the engine", timeout_s=0.3)
-        try:
+        async with _client(server.url, engine="the engine", timeout_s=0.3) as client:
             assert (await client.post("/generate", b"steady", JSON)).body == b'{"ok": true}'
             with pytest.raises(EngineTimeout, match="did not answer in time"):
                 await client.post("/generate", b"silent", JSON)
-        finally:
-            await client.aclose()
 
     run(main)
     assert server.closed_by_client.wait(5.0)  # the timed-out connection was dropped
@@ -404,12 +382,9 @@ def test_a_refused_connection_is_engine_unavailable_at_once(run: Runner) -> None
     listener.close()  # nothing listens there now
 
     async def main() -> None:
-        client = EngineHTTP(f"http://127.0.0.1:{port}", engine="the engine", timeout_s=5.0)
-        try:
+        async with _client(f"http://127.0.0.1:{port}", engine="the engine", timeout_s=5.0) as client:
             with pytest.raises(EngineUnavailable, match="cannot reach the engine"):
                 await client.post("/generate", b"{}", JSON)
-        finally:
-            await client.aclose()
 
     run(main)
 
@@ -426,12 +401,9 @@ def test_the_pool_limit_bounds_the_connections_and_every_request_is_answered(
     server = serve(slow)
 
     async def main() -> list[bytes]:
-        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0, limit=2)
-        try:
+        async with _client(server.url, engine="the engine", timeout_s=5.0, limit=2) as client:
             answers = await asyncio.gather(*(client.post("/generate", b"%d" % n, JSON) for n in range(6)))
             return [got.body for got in answers]
-        finally:
-            await client.aclose()
 
     assert run(main) == [b"%d" % n for n in range(6)]
     assert len(server.connections) == 2
@@ -496,8 +468,7 @@ def test_a_stream_read_to_its_end_gives_its_connection_back(
     server = serve(sse)
 
     async def main() -> list[bytes]:
-        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0)
-        try:
+        async with _client(server.url, engine="the engine", timeout_s=5.0) as client:
             read = []
             for _ in range(2):
                 stream = await client.open("/generate", b"{}", JSON)
@@ -505,8 +476,6 @@ def test_a_stream_read_to_its_end_gives_its_connection_back(
                 read.append(b"".join([block async for block in stream.blocks()]))
                 stream.release()
             return read
-        finally:
-            await client.aclose()
 
     assert run(main) == [b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"] * 2
     assert len(server.connections) == 1
@@ -516,8 +485,7 @@ def test_a_stream_left_unfinished_closes_its_connection(serve: Callable[..., Ser
     server = serve(sse)
 
     async def main() -> None:
-        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0)
-        try:
+        async with _client(server.url, engine="the engine", timeout_s=5.0) as client:
             stream = await client.open("/generate", b"hang", JSON)
             assert await anext(stream.blocks()) == b"data: 1\n\n"
             stream.release()  # not read to its end: the engine must see the client leave
@@ -525,8 +493,6 @@ def test_a_stream_left_unfinished_closes_its_connection(serve: Callable[..., Ser
             stream = await client.open("/generate", b"{}", JSON)
             assert await stream.read() == b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
             stream.release()
-        finally:
-            await client.aclose()
 
     run(main)
     assert len(server.connections) == 2
@@ -538,8 +504,7 @@ def test_a_stream_cut_or_silent_mid_body_raises_to_its_reader(
     server = serve(sse)
 
     async def main() -> None:
-        client = EngineHTTP(server.url, engine="the engine", timeout_s=0.3)
-        try:
+        async with _client(server.url, engine="the engine", timeout_s=0.3) as client:
             for body, error in ((b"cut", AnswerCut), (b"hang", TimeoutError)):
                 stream = await client.open("/generate", body, JSON)
                 blocks = stream.blocks()
@@ -547,8 +512,6 @@ def test_a_stream_cut_or_silent_mid_body_raises_to_its_reader(
                 with pytest.raises(error):
                     await anext(blocks)
                 stream.close()
-        finally:
-            await client.aclose()
 
     run(main)
     assert server.closed_by_client.wait(5.0)
@@ -564,15 +527,12 @@ def test_a_stream_answered_with_an_error_status_reads_its_body(
     server = serve(refusing)
 
     async def main() -> tuple[int, bytes]:
-        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0)
-        try:
+        async with _client(server.url, engine="the engine", timeout_s=5.0) as client:
             stream = await client.open("/generate", b"{}", JSON)
             try:
                 return stream.status, await stream.read()
             finally:
                 stream.release()
-        finally:
-            await client.aclose()
 
     assert run(main) == (503, b'{"error":"no"}')
 
@@ -594,15 +554,12 @@ def test_a_slow_reader_of_a_large_stream_is_not_timed_out_and_reads_it_whole(
     server = serve(large)
 
     async def main() -> int:
-        client = EngineHTTP(server.url, engine="the engine", timeout_s=0.3)
-        try:
+        async with _client(server.url, engine="the engine", timeout_s=0.3) as client:
             stream = await client.open("/generate", b"{}", JSON)
             await asyncio.sleep(1.0)  # the reader is behind: the engine waits, nobody times out
             size = len(await stream.read())
             stream.release()
             return size
-        finally:
-            await client.aclose()
 
     assert run(main) == 160 * len(block)
 
@@ -613,8 +570,7 @@ def test_what_a_stream_reader_left_unread_never_reaches_the_next_stream(
     server = serve(sse)
 
     async def main() -> list[bytes]:
-        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0)
-        try:
+        async with _client(server.url, engine="the engine", timeout_s=5.0) as client:
             stream = await client.open("/generate", b"{}", JSON)
             first = await anext(stream.blocks())  # what the reader wanted (a finish reason, say)
             await asyncio.sleep(0.2)  # the rest of the answer arrives unread
@@ -623,8 +579,6 @@ def test_what_a_stream_reader_left_unread_never_reaches_the_next_stream(
             second = await stream.read()
             stream.release()
             return [first, second]
-        finally:
-            await client.aclose()
 
     assert run(main) == [b"data: 1\n\n", b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"]
     assert len(server.connections) == 1  # the first answer had ended: its connection was reused
@@ -636,8 +590,7 @@ def test_a_stream_dropped_unreleased_gives_up_its_connection(
     server = serve(sse)
 
     async def main() -> None:
-        client = EngineHTTP(server.url, engine="the engine", timeout_s=5.0, limit=1)
-        try:
+        async with _client(server.url, engine="the engine", timeout_s=5.0, limit=1) as client:
             await client.open("/generate", b"hang", JSON)  # dropped: never read, never released
             gc.collect()
             await asyncio.sleep(0)
@@ -646,8 +599,6 @@ def test_a_stream_dropped_unreleased_gives_up_its_connection(
                 stream = await client.open("/generate", b"{}", JSON)
             await stream.read()
             stream.release()
-        finally:
-            await client.aclose()
 
     run(main)
 
@@ -664,12 +615,9 @@ def test_a_connection_the_engine_never_accepts_is_an_engine_timeout(
     monkeypatch.setattr(http1, "CONNECT_TIMEOUT_S", 0.3)
 
     async def main() -> None:
-        client = EngineHTTP(f"http://127.0.0.1:{port}", engine="the engine", timeout_s=5.0)
-        try:
+        async with _client(f"http://127.0.0.1:{port}", engine="the engine", timeout_s=5.0) as client:
             with pytest.raises(EngineTimeout, match="did not accept a connection in time"):
                 await client.post("/generate", b"{}", JSON)
-        finally:
-            await client.aclose()
 
     try:
         run(main)
