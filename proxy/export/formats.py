@@ -162,23 +162,29 @@ class MetadataType:
         self.json_keys: set[str] = set()
 
     def add(self, metas: list[dict[str, Any]]) -> None:
-        import pyarrow as pa
-
         keys = {key for meta in metas for key in meta} - self.json_keys
         for key in keys:
-            try:
-                found = pa.array([meta.get(key) for meta in metas]).type
-                known = self.fields.get(key, found)
-                merged = pa.unify_schemas(
-                    [pa.schema([("v", known)]), pa.schema([("v", found)])], promote_options="permissive"
-                )
-                self.fields[key] = merged.field("v").type
-                if _holds_empty_struct(self.fields[key]):
-                    # Parquet cannot store a struct without fields (`{}` anywhere in the value).
-                    raise pa.ArrowInvalid(f"metadata key {key!r} holds an empty object")
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            merged = self._merged_type(key, [meta.get(key) for meta in metas])
+            # Parquet cannot store a struct without fields (`{}` anywhere in the value) either.
+            if merged is None or _holds_empty_struct(merged):
                 self.json_keys.add(key)
                 self.fields.pop(key, None)
+            else:
+                self.fields[key] = merged
+
+    def _merged_type(self, key: str, values: list[Any]) -> Any:
+        """The Arrow type that holds both the key's values so far and these, or None if none does."""
+        import pyarrow as pa
+
+        try:
+            found = pa.array(values).type
+            known = self.fields.get(key, found)
+            merged = pa.unify_schemas(
+                [pa.schema([("v", known)]), pa.schema([("v", found)])], promote_options="permissive"
+            )
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            return None
+        return merged.field("v").type
 
     def arrow_type(self) -> Any:
         import pyarrow as pa
