@@ -20,6 +20,7 @@ from proxy.store.database import database_error, is_database_failure
 from proxy.store.models import CallRow, SegmentSummaryRow, SessionRow
 from proxy.store.repository import TokenCall
 from proxy.store.selection import LAST_SEQ, Page, Selection, finished_query
+from proxy.store.turn_store import Compiled
 
 # SQLite reads the blobs from the mapped file instead of copying them page by page through its
 # cache (about half the read time). The map is the connection's, gone when it closes after the
@@ -104,57 +105,22 @@ async def read_page(path: str, session_ids: Sequence[str], drift_mode: str) -> t
 # (a page's once per shape of its filters): compiling one costs about what running it does.
 _DIALECT = SQLiteDialect_pysqlite(paramstyle="qmark")
 _LAST_SEQ_SQL = str(LAST_SEQ.compile(dialect=_DIALECT))
-_COLUMNS = [(attr.key, attr.columns[0]) for attr in SessionRow.__mapper__.column_attrs]
-# Each column's conversion of what SQLite holds (datetime text, JSON text), SQLAlchemy's own.
-_CONVERTERS = [
-    (key, column.type.dialect_impl(_DIALECT).result_processor(_DIALECT, None)) for key, column in _COLUMNS
-]
-_MARK = "\0"  # starts the stand-in value of a filter's parameter; no session id holds it
-# Where a page query's parameter comes from: ("after" | "last_seq" | "size" | "consumer", None),
-# ("session_ids" | "group_ids", index in the list), ("value", a constant of the statement).
-Slot = tuple[str, Any]
+_KEYS = [attr.key for attr in SessionRow.__mapper__.column_attrs]
 
 
-@functools.lru_cache(maxsize=64)
-def _page_sql(ids: int | None, groups: int | None, consumer: bool) -> tuple[str, tuple[Slot, ...]]:
-    """The page query for filters of this shape, and where each of its parameters comes from."""
-    shape = Selection(
-        consumer=f"{_MARK}consumer" if consumer else None,
-        session_ids=None if ids is None else [f"{_MARK}session_ids{_MARK}{i}" for i in range(ids)],
-        group_ids=None if groups is None else [f"{_MARK}group_ids{_MARK}{i}" for i in range(groups)],
-    )
-    marks = [bindparam(name, 0, type_=Integer) for name in ("after", "last_seq", "size")]
-    query = finished_query(shape, *marks, *(column for _, column in _COLUMNS))
-    compiled = query.compile(dialect=_DIALECT, compile_kwargs={"render_postcompile": True})
-    slots: list[Slot] = []
-    for name in compiled.positiontup or ():
-        value = compiled.params[name]
-        if name in ("after", "last_seq", "size"):
-            slots.append((name, None))
-        elif isinstance(value, str) and value.startswith(_MARK):
-            _, source, *index = value.split(_MARK)
-            slots.append((source, int(index[0]) if index else None))
-        else:
-            slots.append(("value", value))
-    return str(compiled), tuple(slots)
-
-
-def _page_params(slots: Sequence[Slot], selection: Selection, last_seq: int, size: int) -> list[Any]:
-    scalars = {"after": selection.after, "last_seq": last_seq, "size": size, "consumer": selection.consumer}
-    lists = {"session_ids": selection.session_ids or (), "group_ids": selection.group_ids or ()}
-    return [
-        arg if source == "value" else scalars[source] if source in scalars else lists[source][arg]
-        for source, arg in slots
-    ]
-
-
-def _session(values: Sequence[Any]) -> SessionRow:
-    return SessionRow(
-        **{
-            key: value if convert is None else convert(value)
-            for (key, convert), value in zip(_CONVERTERS, values, strict=True)
-        }
-    )
+@functools.lru_cache(maxsize=8)
+def _page_query(ids: bool, groups: bool, consumer: bool) -> Compiled:
+    """The page query for filters of this shape, its lists bound as expanding parameters."""
+    # Selection's filters hold bind parameters here, compiled once (selection.py's filters take them).
+    filters: dict[str, Any] = {
+        "consumer": bindparam("consumer") if consumer else None,
+        "session_ids": bindparam("session_ids", expanding=True) if ids else None,
+        "group_ids": bindparam("group_ids", expanding=True) if groups else None,
+    }
+    shape = Selection(**filters)
+    marks = [bindparam(name, type_=Integer) for name in ("after", "last_seq", "size")]
+    columns = [attr.columns[0] for attr in SessionRow.__mapper__.column_attrs]
+    return Compiled(finished_query(shape, *marks, *columns), _DIALECT)
 
 
 @dataclass(frozen=True)
@@ -168,17 +134,16 @@ class Start:
 
 
 def _start(path: str, selection: Selection, size: int, drift_mode: str) -> Start:
-    sql, slots = _page_sql(
-        None if selection.session_ids is None else len(selection.session_ids),
-        None if selection.group_ids is None else len(selection.group_ids),
-        selection.consumer is not None,
-    )
+    ids, groups = selection.session_ids, selection.group_ids
+    query = _page_query(ids is not None, groups is not None, selection.consumer is not None)
+    values: dict[str, Any] = {"after": selection.after, "size": size, "consumer": selection.consumer}
+    values |= {"session_ids": list(ids or ()), "group_ids": list(groups or ())}
     db = _connect(path)
     try:
         db.execute("BEGIN")  # the snapshot and the first page in one read transaction
         last_seq = int(db.execute(_LAST_SEQ_SQL).fetchone()[0] or 0)
-        rows = db.execute(sql, _page_params(slots, selection, last_seq, size)).fetchall()
-        page: Page = [(int(row[0]), _session(row[1:])) for row in rows]
+        rows = query.rows(db, values | {"last_seq": last_seq})
+        page: Page = [(int(row[0]), SessionRow(**dict(zip(_KEYS, row[1:], strict=True)))) for row in rows]
         calls, stored = _blobs(db, [session.id for _, session in page], drift_mode)
     finally:
         db.close()

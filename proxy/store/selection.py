@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import BindParameter, func, select
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
 
 from proxy.store.groups import whole_groups_page
@@ -46,11 +46,16 @@ async def take_snapshot(db: DbSession, now: datetime) -> Snapshot:
     return Snapshot(int(last or 0), now)
 
 
+def _values(given: Any) -> Any:
+    """A list of values, or the expanding bind parameter standing for one (a statement compiled once)."""
+    return given if isinstance(given, BindParameter) else list(given)
+
+
 def _filtered(query: Any, selection: Selection) -> Any:
     if selection.session_ids is not None:
-        query = query.where(SessionRow.id.in_(list(selection.session_ids)))
+        query = query.where(SessionRow.id.in_(_values(selection.session_ids)))
     if selection.group_ids is not None:
-        query = query.where(SessionRow.group_id.in_(list(selection.group_ids)))
+        query = query.where(SessionRow.group_id.in_(_values(selection.group_ids)))
     if selection.consumer is not None:
         acked = select(ExportAckRow.session_id).where(ExportAckRow.consumer == selection.consumer)
         query = query.where(SessionRow.id.not_in(acked))
