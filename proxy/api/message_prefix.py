@@ -18,19 +18,28 @@ import orjson
 from pydantic import ValidationError
 
 from proxy.api.schemas import ChatCompletionRequest
+from proxy.kept_json import own_length
+
+# What an entry holds, per byte of its request's JSON and per message: the validated models, the
+# plain and canonical forms and the messages' text take ~2-4x the JSON of a long history and ~1.5-2 KiB
+# a message in a short one (tests/unit/test_message_prefix.py measures them with tracemalloc).
+_COST_PER_BODY_BYTE = 3
+_COST_PER_MESSAGE = 2048
+_COST_PER_ENTRY = 4096
 
 
 @dataclass(frozen=True)
 class _Known:
     written: bytes  # orjson's text of the raw message list
     body: ChatCompletionRequest  # the request that sent them, validated
+    cost: int  # the memory it holds, estimated high
 
 
 class MessagePrefixes:
     """The last request's messages of recent sessions, least recently used out first, within
-    `max_entries` sessions and about `max_bytes` of message text."""
+    `max_entries` sessions and about `max_bytes` of memory (`bytes`: the entries' estimated cost)."""
 
-    def __init__(self, max_entries: int = 4096, max_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, max_entries: int = 4096, max_bytes: int = 128 * 1024 * 1024) -> None:
         self._max_entries = max_entries
         self._max_bytes = max_bytes
         self.bytes = 0
@@ -39,9 +48,12 @@ class MessagePrefixes:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def validate(self, session_id: str | None, data: Any) -> ChatCompletionRequest | None:
+    def validate(
+        self, session_id: str | None, data: Any, body_bytes: int = 0
+    ) -> ChatCompletionRequest | None:
         """The body validated, reusing the session's known messages; None when FastAPI must validate
-        it (no session named, not an object with a message list, or anything invalid)."""
+        it (no session named, not an object with a message list, or anything invalid). `body_bytes`:
+        the length of the JSON `data` was read from (what the kept request holds besides messages)."""
         messages = data.get("messages") if isinstance(data, dict) else None
         if session_id is None or type(messages) is not list or not messages:
             return None
@@ -61,29 +73,42 @@ class MessagePrefixes:
             assert known is not None
             body.messages = [*known.body.messages, *body.messages]
             body.reuse_forms(known.body)
-        self._remember(session_id, messages, start, written, body)
+        self._remember(session_id, messages, start, written, body=body, body_bytes=body_bytes)
         return body
 
     def _remember(
-        self, session_id: str, raw: list[Any], start: int, prefix: bytes, body: ChatCompletionRequest
+        self,
+        session_id: str,
+        raw: list[Any],
+        start: int,
+        prefix: bytes,
+        *,
+        body: ChatCompletionRequest,
+        body_bytes: int,
     ) -> None:
         tail = _written(raw[start:])
         self.drop(session_id)
         if tail is None:
             return
-        # orjson writes a list as "[" + its items joined by "," + "]".
-        written = prefix[:-1] + b"," + tail[1:] if start else tail
-        if len(written) > self._max_bytes // 4:
+        # orjson writes a list as "[" + its items joined by "," + "]". A concatenation is a new object
+        # of its own length; orjson's own result is not (kept_json.py).
+        written = prefix[:-1] + b"," + tail[1:] if start else own_length(tail)
+        cost = (
+            _COST_PER_BODY_BYTE * max(body_bytes, len(written))
+            + _COST_PER_MESSAGE * len(raw)
+            + _COST_PER_ENTRY
+        )
+        if cost > self._max_bytes // 4:
             return
-        self._entries[session_id] = _Known(written, body)
-        self.bytes += len(written)
+        self._entries[session_id] = _Known(written, body, cost)
+        self.bytes += cost
         while self.bytes > self._max_bytes or len(self._entries) > self._max_entries:
             self.drop(next(iter(self._entries)))
 
     def drop(self, session_id: str) -> None:
         old = self._entries.pop(session_id, None)
         if old is not None:
-            self.bytes -= len(old.written)
+            self.bytes -= old.cost
 
 
 def _written(value: list[Any]) -> bytes | None:

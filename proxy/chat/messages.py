@@ -11,6 +11,7 @@ import orjson
 
 from proxy.errors import JsonNestingTooDeep
 from proxy.json_limits import MAX_JSON_DEPTH, too_deep
+from proxy.kept_json import kept_dumps
 
 Message = dict[str, Any]
 
@@ -131,7 +132,8 @@ def key_of_canonical(
 def canonical_json(message: Mapping[str, Any]) -> bytes:
     """A message's canonical form as history keys write it; a request's unchanged history keeps its
     own (proxy/api/message_prefix.py), so a key costs one hash, not a walk of every message."""
-    return orjson.dumps(canonical(message), option=orjson.OPT_SORT_KEYS)
+    # Kept for the session's next request (message_prefix.py): copied to its own length.
+    return kept_dumps(canonical(message), option=orjson.OPT_SORT_KEYS)
 
 
 def key_of_json(

@@ -32,7 +32,8 @@ class ChatBodyRequest(OrjsonRequest):
             parsed = await super().json()
             session_id = self.path_params.get("session_id") or self.headers.get("x-session-id")
             state: AppState = self.app.state.proxy
-            self._json = state.message_prefixes.validate(session_id, parsed) or parsed
+            validated = state.message_prefixes.validate(session_id, parsed, len(await self.body()))
+            self._json = validated or parsed
         return self._json
 
 

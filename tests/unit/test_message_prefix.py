@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
 from typing import Any
+
+import orjson
+import pytest
 
 from proxy.api.message_prefix import MessagePrefixes
 from proxy.api.schemas import ChatCompletionRequest
+from proxy.chat.messages import canonical_json
 
 
 def _call(arguments: Any) -> dict[str, Any]:
@@ -72,10 +78,82 @@ def test_anything_invalid_is_left_to_the_full_validation() -> None:
 
 
 def test_memory_is_bounded() -> None:
-    prefixes = MessagePrefixes(max_entries=2, max_bytes=4096)
+    prefixes = MessagePrefixes(max_entries=2, max_bytes=1 << 20)
     for session in "abc":
         prefixes.validate(session, _body(USER))
     assert len(prefixes) == 2
-    prefixes.validate("big", _body({"role": "user", "content": "x" * 2000}))
-    assert len(prefixes) == 2
-    assert prefixes.bytes <= 4096
+    prefixes = MessagePrefixes(max_entries=100, max_bytes=40_000)
+    for n in range(10):
+        prefixes.validate(f"s{n}", _body({"role": "user", "content": "x" * 1000}))
+    assert 2 <= len(prefixes) < 10
+    assert prefixes.bytes <= 40_000
+    prefixes.validate("big", _body({"role": "user", "content": "x" * 20_000}))  # > a quarter: not kept
+    assert prefixes.validate("big", _body({"role": "user", "content": "x" * 20_000})) is not None
+    assert "big" not in prefixes._entries
+
+
+def _conversation(turns: int, result: str) -> list[dict[str, Any]]:
+    messages = [{"role": "system", "content": "You are a coding agent."}, USER]
+    for turn in range(turns):
+        messages.append(_call('{"path": "src/main.py"}') | {"tool_calls": [_tool_call(turn)]})
+        messages.append({"role": "tool", "tool_call_id": f"c{turn}", "content": result})
+    return messages
+
+
+def _tool_call(turn: int) -> dict[str, Any]:
+    return {"id": f"c{turn}", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"tool_{n}",
+            "description": "Reads a file of the repository. " * 8,
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+    for n in range(12)
+]
+
+
+@pytest.mark.parametrize(
+    ("turns", "result_chars", "tools"),
+    [(1, 2, None), (8, 40, TOOLS), (8, 1200, None), (64, 1200, TOOLS), (3, 30_000, None)],
+)
+def test_the_counted_bytes_cover_what_the_entries_hold(
+    turns: int, result_chars: int, tools: list[dict[str, Any]] | None
+) -> None:
+    """The bound is on memory, not on text: what 40 sessions' entries hold (their models, plain and
+    canonical forms, as a turn derives them) is at most what the cache counts, and not far below."""
+    bodies = [
+        {"model": "m", "messages": _conversation(turns, f"{n} " + "x" * result_chars), "max_tokens": 8}
+        | ({"tools": tools} if tools else {})
+        for n in range(40)
+    ]
+    sizes = [len(orjson.dumps(body)) for body in bodies]
+    prefixes = MessagePrefixes(max_entries=1000, max_bytes=1 << 40)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for n, (body, size) in enumerate(zip(bodies, sizes, strict=True)):
+            validated = prefixes.validate(f"s{n}", body, size)
+            assert validated is not None
+            validated.history_hash().key(len(validated.messages), None, None, None)
+        gc.collect()
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held <= prefixes.bytes <= 4 * held
+
+
+def test_canonical_forms_are_kept_at_their_own_length() -> None:
+    """orjson leaves each result in a buffer ~10x its text; what the cache keeps is copied to size."""
+    message = {"role": "tool", "tool_call_id": "c1", "content": "x" * 3000}
+    tracemalloc.start()
+    try:
+        kept = [canonical_json(message) for _ in range(20)]
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 20 * 2 * len(kept[0])
