@@ -4,13 +4,13 @@ server-sent events. Errors on these routes come in Anthropic's shape."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,7 +23,7 @@ from proxy.dialects.anthropic_output import MessageShape
 from proxy.dialects.anthropic_stream import message_events
 from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import answer_turn
-from proxy.errors import ProxyError, UnsupportedParameter
+from proxy.errors import InvalidRequest, UnsupportedParameter
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -37,12 +37,26 @@ _ERROR_TYPES = {
 }
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
-    return {"type": "error", "error": {"type": _ERROR_TYPES.get(status, "api_error"), "message": message}}
+def error_body(status: int, message: str, request_id: str | None = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"type": _ERROR_TYPES.get(status, "api_error"), "message": message}
+    if request_id is None:
+        return {"type": "error", "error": error}
+    # Anthropic's API puts the id beside the error; every envelope of this proxy has it inside too.
+    return {"type": "error", "error": {**error, "request_id": request_id}, "request_id": request_id}
+
+
+async def _app_answer(request: Request, exc: Exception) -> Response:
+    """What the app's own handler for `exc` answers (it has one for Exception: always found)."""
+    handlers = request.app.exception_handlers
+    handler = next(handlers[kind] for kind in type(exc).__mro__ if kind in handlers)
+    answer: Response = await handler(request, exc)
+    return answer
 
 
 class AnthropicRoute(HarnessRoute):
-    """Errors of these routes, including validation and keys, in Anthropic's error shape."""
+    """Errors of these routes, including validation and keys, in Anthropic's error shape: the app's
+    own handler answers (status, Retry-After, metrics, the log of an unexpected error), and its
+    envelope is reworded as Anthropic's."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -50,13 +64,12 @@ class AnthropicRoute(HarnessRoute):
         async def in_anthropic_shape(request: Request) -> Response:
             try:
                 return await handler(request)
-            except ProxyError as exc:
-                return JSONResponse(error_body(exc.status_code, exc.message), status_code=exc.status_code)
-            except RequestValidationError as exc:
-                first = exc.errors()[0] if exc.errors() else {}
-                where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-                message = f"{first.get('msg', 'invalid request')}" + (f" (at {where})" if where else "")
-                return JSONResponse(error_body(400, message), status_code=400)
+            except Exception as exc:
+                answer = await _app_answer(request, exc)
+                error = json.loads(bytes(answer.body))["error"]
+                body = error_body(answer.status_code, error["message"], error.get("request_id"))
+                headers = {k: v for k, v in answer.headers.items() if k.lower() == "retry-after"}
+                return JSONResponse(body, status_code=answer.status_code, headers=headers)
 
         return in_anthropic_shape
 
@@ -100,7 +113,12 @@ class MessagesRequest(BaseModel):
         for name in self.model_extra or {}:
             if name not in _INERT:
                 raise UnsupportedParameter(f"parameter {name!r} is not supported by tito-proxy", param=name)
-        for edit in (self.context_management or {}).get("edits") or []:
+        edits = (self.context_management or {}).get("edits") or []
+        if not isinstance(edits, list) or not all(isinstance(edit, dict) for edit in edits):
+            raise InvalidRequest(
+                "context_management.edits must be a list of objects", param="context_management"
+            )
+        for edit in edits:
             # Edits that keep everything change nothing; others would rewrite the history server-side.
             if edit.get("keep") != "all":
                 raise UnsupportedParameter(
@@ -109,6 +127,13 @@ class MessagesRequest(BaseModel):
                 )
         if set(self.output_config or {}) - {"effort", "format"}:
             raise UnsupportedParameter("output_config supports effort and format", param="output_config")
+        if not isinstance((self.output_config or {}).get("effort", ""), str):
+            raise InvalidRequest("output_config.effort must be a string", param="output_config.effort")
+        if not isinstance((self.output_config or {}).get("format") or {}, dict):
+            raise InvalidRequest("output_config.format must be an object", param="output_config.format")
+        if "" in (self.stop_sequences or []):
+            # An empty sequence would end every turn before its first token.
+            raise InvalidRequest("stop_sequences must not hold an empty string", param="stop_sequences")
         if self.messages[-1].get("role") == "assistant":
             # A prefill asks the model to continue that text inside its turn; the turn core samples
             # whole turns after a generation prompt, so it cannot be honoured exactly.
