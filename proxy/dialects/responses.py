@@ -97,6 +97,8 @@ class ResponsesRequest(BaseModel):
     def response_format(self) -> dict[str, Any] | None:
         """text.format in chat's response_format shape."""
         found = (self.text or {}).get("format")
+        if found is not None and not isinstance(found, dict):
+            raise InvalidRequest("text.format must be an object with a type", param="text.format")
         if found is None or found.get("type") == "text":
             return None
         if found.get("type") == "json_object":
@@ -109,6 +111,8 @@ class ResponsesRequest(BaseModel):
     def template_kwargs(self) -> dict[str, Any] | None:
         # Templates that read a reasoning effort (gpt-oss) render it; others render the same tokens.
         effort = (self.reasoning or {}).get("effort")
+        if effort is not None and not isinstance(effort, str):
+            raise InvalidRequest("reasoning.effort must be a string", param="reasoning.effort")
         return {"reasoning_effort": effort} if effort else None
 
 
