@@ -19,7 +19,7 @@ from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
 from proxy.app_state import AppState
 from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice, chat_tools
-from proxy.dialects.anthropic_output import MessageShape
+from proxy.dialects.anthropic_output import MessageShape, error_payload
 from proxy.dialects.anthropic_stream import message_events
 from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import answer_turn
@@ -38,11 +38,7 @@ _ERROR_TYPES = {
 
 
 def error_body(status: int, message: str, request_id: str | None = None) -> dict[str, Any]:
-    error: dict[str, Any] = {"type": _ERROR_TYPES.get(status, "api_error"), "message": message}
-    if request_id is None:
-        return {"type": "error", "error": error}
-    # Anthropic's API puts the id beside the error; every envelope of this proxy has it inside too.
-    return {"type": "error", "error": {**error, "request_id": request_id}, "request_id": request_id}
+    return error_payload(_ERROR_TYPES.get(status, "api_error"), message, request_id)
 
 
 async def _app_answer(request: Request, exc: Exception) -> Response:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -20,16 +21,33 @@ from proxy.api.retries import RetryIdentity
 from proxy.app_state import AppState
 from proxy.chat.messages import Message
 from proxy.dialects.responses_input import chat_tool_choice, chat_tools, input_messages
-from proxy.dialects.responses_output import ResponseShape
+from proxy.dialects.responses_output import ResponseShape, responses_param
 from proxy.dialects.responses_stream import response_events
 from proxy.dialects.seals import Sealer
 from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import answer_turn
-from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
+from proxy.errors import InvalidRequest, NotFound, ProxyError, UnsupportedParameter
 from proxy.store.prompts import rebuild
 from proxy.store.repository import Repository
 
-router = APIRouter(prefix="/v1", tags=["responses"], route_class=HarnessRoute)
+
+class ResponsesRoute(HarnessRoute):
+    """Errors name the field as the Responses request does (the turn core speaks chat's names)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def in_responses_terms(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ProxyError as exc:
+                exc.param = responses_param(exc.param)
+                raise
+
+        return in_responses_terms
+
+
+router = APIRouter(prefix="/v1", tags=["responses"], route_class=ResponsesRoute)
 
 # Fields that change nothing about the sample: accepted and recorded.
 _INERT = frozenset(

@@ -129,3 +129,22 @@ def test_a_malformed_responses_body_is_an_openai_400(
     error = answer.json()["error"]
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"max_output_tokens": 10**9}, "max_output_tokens"),
+        ({"input": "word " * 40_000}, "input"),
+        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
+    ],
+)
+def test_responses_errors_name_the_responses_field(
+    proxy_url: str, change: dict[str, Any], param: str
+) -> None:
+    """Errors the turn core raises in chat's terms name the field a Responses client sent."""
+    for stream in (False, True):
+        body = {**RESPONSES, **change, "stream": stream}
+        answer = httpx.post(f"{proxy_url}/sessions/names/v1/responses", json=body, timeout=30)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == param
