@@ -250,4 +250,6 @@ async def answer_turn(
     finally:
         await exit_stack.aclose()
     assert answer.results is not None
+    # The recorded call, as chat names it: what POST /sessions/{id}/reward's call_rewards takes.
+    headers["X-Tito-Call-Ids"] = str(answer.results[0].call_id)
     return Response(orjson.dumps(body(answer.results[0])), media_type="application/json", headers=headers)

@@ -144,3 +144,22 @@ def test_a_retried_responses_stream_is_replayed_from_the_record(
         )
     assert outputs[0] == outputs[1]
     assert len(engine.requests) == 1
+
+
+def test_a_plain_dialect_answer_names_its_recorded_call(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    """X-Tito-Call-Ids, as chat's answers carry it: the id call_rewards takes."""
+    base = f"{proxy_url}/sessions/named/v1"
+    push(engine, qwen_tokenizer, "One.")
+    first = httpx.post(f"{base}/responses", json={"model": "m", "input": "hi"}, timeout=30)
+    push(engine, qwen_tokenizer, "Two.")
+    body = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    second = httpx.post(f"{base}/messages", json=body, timeout=30)
+    ids = [first.headers["x-tito-call-ids"], second.headers["x-tito-call-ids"]]
+    rewards = {ids[0]: 0.25, ids[1]: 0.5}
+    answer = httpx.post(f"{proxy_url}/sessions/named/reward", json={"reward": 1.0, "call_rewards": rewards})
+    assert answer.status_code == 200, answer.text
+    [row, other] = httpx.get(f"{proxy_url}/sessions/named/samples").json()["samples"]
+    assert [row["call_id"], other["call_id"]] == [int(i) for i in ids]
+    assert [row["call_reward"], other["call_reward"]] == [0.25, 0.5]
