@@ -160,7 +160,8 @@ def output_text(text: str) -> dict[str, Any]:
 def usage_of(result: TurnResult, reasoning_tokens: int) -> dict[str, Any]:
     return {
         "input_tokens": result.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        # Both required by the openai SDK's ResponseUsage (2.5x); the proxy counts no cache.
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": result.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": result.prompt_tokens + result.completion_tokens,
