@@ -23,7 +23,7 @@ from proxy.api.schemas import MAX_DB_INTEGER
 from proxy.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
 from proxy.observe.viewer_data import call_tree, summary, tokens, trajectories
 from proxy.store.models import FinishedRow, SessionRow
-from proxy.store.repository import Repository
+from proxy.store.repository import Repository, in_utc
 
 STATIC = Path(__file__).parent / "static"
 COOKIE = "tito_admin_key"
@@ -130,9 +130,9 @@ async def list_sessions(
 ) -> dict[str, Any]:
     query, by_cursor = _listing(status, after)
     if since is not None:
-        query = query.where(SessionRow.created_at >= since)
+        query = query.where(SessionRow.created_at >= in_utc(since))
     if until is not None:
-        query = query.where(SessionRow.created_at <= until)
+        query = query.where(SessionRow.created_at <= in_utc(until))
     if reward_min is not None:
         query = query.where(SessionRow.reward >= reward_min)
     if reward_max is not None:

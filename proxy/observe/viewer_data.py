@@ -12,6 +12,7 @@ from proxy.export.trajectory import SegmentTrajectory, build_trajectories
 from proxy.store.codec import unpack_ids
 from proxy.store.models import CallRow, SessionRow
 from proxy.store.prompts import chain_conversation
+from proxy.store.repository import utc_iso
 
 
 def trajectories(state: AppState, session: SessionRow, calls: Sequence[CallRow]) -> list[SegmentTrajectory]:
@@ -39,8 +40,8 @@ def summary(
         "id": session.id,
         "status": session.status,
         "group": (session.meta or {}).get("group"),
-        "created_at": session.created_at.isoformat(),
-        "finished_at": session.finished_at.isoformat() if session.finished_at else None,
+        "created_at": utc_iso(session.created_at),
+        "finished_at": utc_iso(session.finished_at) if session.finished_at else None,
         "reward": session.reward,
         "num_calls": len(calls),
         "num_segments": len({c.segment_id for c in calls}),
