@@ -8,7 +8,7 @@ import json
 import uuid
 from collections.abc import Callable, Coroutine
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from proxy.api.deps import SessionIdDep, StateDep
 from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
+from proxy.api.schemas import Shallow
 from proxy.app_state import AppState
 from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice, chat_tools
 from proxy.dialects.anthropic_output import MessageShape, error_payload
@@ -89,6 +90,8 @@ _INERT = frozenset(
 
 class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
+    # Free-form values are checked for depth where they enter (proxy/json_limits.py), extras too.
+    __pydantic_extra__: dict[str, Annotated[Any, Shallow]] = Field(init=False)
 
     model: str
     messages: list[dict[str, Any]] = Field(min_length=1)
@@ -98,12 +101,12 @@ class MessagesRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
+    tools: Annotated[list[dict[str, Any]] | None, Shallow] = None
+    tool_choice: Annotated[dict[str, Any] | None, Shallow] = None
+    thinking: Annotated[dict[str, Any] | None, Shallow] = None
     stream: bool | None = None
-    context_management: dict[str, Any] | None = None
-    output_config: dict[str, Any] | None = None
+    context_management: Annotated[dict[str, Any] | None, Shallow] = None
+    output_config: Annotated[dict[str, Any] | None, Shallow] = None
 
     def check_supported(self) -> None:
         for name in self.model_extra or {}:
@@ -167,13 +170,14 @@ class MessagesRequest(BaseModel):
 
 class CountTokensRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, Annotated[Any, Shallow]] = Field(init=False)
 
     model: str
     messages: list[dict[str, Any]] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
+    tools: Annotated[list[dict[str, Any]] | None, Shallow] = None
+    tool_choice: Annotated[dict[str, Any] | None, Shallow] = None
+    thinking: Annotated[dict[str, Any] | None, Shallow] = None
 
 
 @router.post("/messages", response_model=None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from proxy.api.deps import SessionIdDep, StateDep, check_session_id
 from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
+from proxy.api.schemas import Shallow
 from proxy.app_state import AppState
 from proxy.chat.messages import Message
 from proxy.dialects.responses_input import chat_tool_choice, chat_tools, input_messages
@@ -69,18 +70,20 @@ _INCLUDES = frozenset({"reasoning.encrypted_content"})
 
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
+    # Free-form values are checked for depth where they enter (proxy/json_limits.py), extras too.
+    __pydantic_extra__: dict[str, Annotated[Any, Shallow]] = Field(init=False)
 
     model: str
     input: str | list[dict[str, Any]] = Field(default_factory=list)
     instructions: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: Annotated[list[dict[str, Any]] | None, Shallow] = None
+    tool_choice: Annotated[str | dict[str, Any] | None, Shallow] = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    text: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None
+    text: Annotated[dict[str, Any] | None, Shallow] = None
+    reasoning: Annotated[dict[str, Any] | None, Shallow] = None
     include: list[str] | None = None
     previous_response_id: str | None = None
     stream: bool | None = None

@@ -148,3 +148,43 @@ def test_responses_errors_name_the_responses_field(
         answer = httpx.post(f"{proxy_url}/sessions/names/v1/responses", json=body, timeout=30)
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["param"] == param
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+DEEP = _nested(300)
+TOO_DEEP: list[tuple[str, str, dict[str, Any]]] = [
+    ("responses", "tool schema", {"tools": [{"type": "function", "name": "f", "parameters": DEEP}]}),
+    ("responses", "metadata", {"metadata": DEEP}),
+    ("responses", "client_metadata", {"client_metadata": DEEP}),
+    ("responses", "text schema", {"text": {"format": {"type": "json_schema", "name": "x", "schema": DEEP}}}),
+    ("responses", "reasoning", {"reasoning": {"effort": "low", "x": DEEP}}),
+    ("messages", "tool schema", {"tools": [{"name": "f", "input_schema": DEEP}]}),
+    ("messages", "metadata", {"metadata": DEEP}),
+    ("messages", "diagnostics", {"diagnostics": DEEP}),
+    ("messages", "thinking", {"thinking": {"type": "enabled", "x": DEEP}}),
+    ("messages", "output format", {"output_config": {"format": {"type": "json_schema", "schema": DEEP}}}),
+    ("messages/count_tokens", "tool schema", {"tools": [{"name": "f", "input_schema": DEEP}]}),
+]
+
+
+@pytest.mark.parametrize(("route", "name", "change"), TOO_DEEP, ids=[f"{r}:{n}" for r, n, _ in TOO_DEEP])
+def test_json_nested_too_deep_is_a_400_on_the_dialect_routes(
+    proxy_url: str, route: str, name: str, change: dict[str, Any]
+) -> None:
+    """As on chat (issue #12): past 128 levels a free-form value is refused where it enters."""
+    base = RESPONSES if route == "responses" else ANTHROPIC
+    if route.endswith("count_tokens"):
+        base = {"model": "m", "messages": USER}
+    answer = httpx.post(f"{proxy_url}/sessions/deep/v1/{route}", json={**base, **change}, timeout=30)
+    assert answer.status_code == 400, (name, answer.text)
+    if route == "responses":
+        assert answer.json()["error"]["code"] == "json_too_deep"
+    else:
+        assert answer.json()["error"]["type"] == "invalid_request_error"
+        assert "128" in answer.json()["error"]["message"]
