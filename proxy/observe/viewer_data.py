@@ -28,6 +28,12 @@ def trajectories(state: AppState, session: SessionRow, calls: Sequence[CallRow])
     )
 
 
+def group_of(session: SessionRow) -> Any:
+    """The session's GRPO group (group_id), else the `group` its metadata names (the viewer's
+    convention before sessions had groups)."""
+    return session.group_id if session.group_id is not None else (session.meta or {}).get("group")
+
+
 def summary(
     session: SessionRow, calls: Sequence[CallRow], paths: Sequence[SegmentTrajectory] | None
 ) -> dict[str, Any]:
@@ -39,7 +45,7 @@ def summary(
     return {
         "id": session.id,
         "status": session.status,
-        "group": (session.meta or {}).get("group"),
+        "group": group_of(session),
         "created_at": utc_iso(session.created_at),
         "finished_at": utc_iso(session.finished_at) if session.finished_at else None,
         "reward": session.reward,

@@ -227,3 +227,19 @@ def _viewer_list(url: str, **query: str) -> list[dict[str, Any]]:
     assert answer.status_code == 200, answer.text
     found: list[dict[str, Any]] = answer.json()["data"]
     return found
+
+
+def test_viewer_groups_are_the_sessions_grpo_groups(proxy_url: str) -> None:
+    """A session's group is its group_id (issue #15's first-class field); metadata.group, which the
+    viewer read before groups existed, still counts for a session without one."""
+    for body in (
+        {"id": "s-a", "group_id": "prompt-7", "sample_index": 0},
+        {"id": "s-b", "group_id": "prompt-7", "sample_index": 1},
+        {"id": "s-c", "metadata": {"group": "prompt-7"}},
+        {"id": "s-d", "group_id": "prompt-8", "sample_index": 0},
+    ):
+        assert httpx.post(f"{proxy_url}/sessions", json=body).status_code == 201
+    found = _viewer_list(proxy_url, group="prompt-7")
+    assert [s["id"] for s in found] == ["s-a", "s-b", "s-c"]
+    assert [s["group"] for s in found] == ["prompt-7"] * 3
+    assert httpx.get(f"{proxy_url}/ui/api/sessions/s-d").json()["group"] == "prompt-8"
