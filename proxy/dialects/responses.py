@@ -148,12 +148,19 @@ def session_of(response_id: str) -> str:
 
 
 async def _stored_conversation(state: AppState, session_id: str, response_id: str) -> list[Message]:
+    """The conversation a recorded response ended, without the instructions its request gave: as in
+    OpenAI's API, a previous response's instructions are not carried over."""
     async with state.db_sessions() as db:
         rows = await Repository(db).session_calls(session_id)
     for row in rows:
-        if row.status == "ok" and (row.request.get("body") or {}).get("response_id") == response_id:
+        body = row.request.get("body") or {}
+        if row.status == "ok" and body.get("response_id") == response_id:
             recorded = rebuild(await state.turns.store.segment_rows(row.segment_id), row.id)
-            return list(recorded.conversation)
+            conversation = list(recorded.conversation)
+            given = {"role": "system", "content": body.get("instructions")}
+            if given["content"] and conversation and conversation[0] == given:
+                return conversation[1:]
+            return conversation
     raise NotFound(f"no response {response_id!r} in session {session_id!r}", param="previous_response_id")
 
 
@@ -161,17 +168,11 @@ async def _messages(
     state: AppState, session_id: str, body: ResponsesRequest, sealer: Sealer
 ) -> list[Message]:
     added = input_messages(None, body.input, sealer)
+    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     if body.previous_response_id is None:
-        system = [{"role": "system", "content": body.instructions}] if body.instructions else []
         return [*system, *added]
     stored = await _stored_conversation(state, session_id, body.previous_response_id)
-    if body.instructions:
-        # Instructions are not carried over from the previous response: this request's replace them.
-        if stored and stored[0]["role"] == "system":
-            stored[0] = {**stored[0], "content": body.instructions}
-        else:
-            stored.insert(0, {"role": "system", "content": body.instructions})
-    return [*stored, *added]
+    return [*system, *stored, *added]
 
 
 def _session(session: tuple[str, bool], body: ResponsesRequest) -> str:
