@@ -5,7 +5,6 @@ server-sent events. Errors on these routes come in Anthropic's shape."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Annotated, Any
@@ -205,7 +204,11 @@ async def create_message(
         identity=identity,
     )
     request = await for_model(state, request, body.model)
-    shape = MessageShape(f"msg_{uuid.uuid4().hex}", body.model, sealer, tuple(body.stop_sequences or ()))
+
+    def shape(request_id: str) -> MessageShape:
+        # Named by the turn's request id: a retry answered from the record has the original's.
+        return MessageShape(f"msg_{request_id}", body.model, sealer, tuple(body.stop_sequences or ()))
+
     return await answer_turn(
         state,
         session_id,
@@ -213,8 +216,8 @@ async def create_message(
         identity,
         stream=bool(body.stream),
         client=http_request,
-        events=lambda answer, held: message_events(shape, answer, held),
-        body=shape.message,
+        events=lambda answer, held: message_events(shape(answer.request_id), answer, held),
+        body=lambda result: shape(result.request_id).message(result),
     )
 
 

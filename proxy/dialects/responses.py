@@ -8,7 +8,6 @@ session without the client resending history (the proxy holds the record, whatev
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
@@ -137,8 +136,10 @@ class ResponsesRequest(BaseModel):
         return {"reasoning_effort": effort} if effort else None
 
 
-def new_response_id(session_id: str) -> str:
-    return f"resp_{uuid.uuid4().hex}_{session_id}"
+def response_id_of(request_id: str, session_id: str) -> str:
+    """A response is named by its turn's request id (32 hex digits, the same in a retry answered
+    from the record) and its session."""
+    return f"resp_{request_id}_{session_id}"
 
 
 def session_of(response_id: str) -> str:
@@ -152,9 +153,12 @@ async def _stored_conversation(state: AppState, session_id: str, response_id: st
     OpenAI's API, a previous response's instructions are not carried over."""
     async with state.db_sessions() as db:
         rows = await Repository(db).session_calls(session_id)
+    request_id = response_id[5:37]
     for row in rows:
         body = row.request.get("body") or {}
-        if row.status == "ok" and body.get("response_id") == response_id:
+        # Calls recorded before responses were named by their request id hold the name they got.
+        named = row.finish_detail.get("request_id") == request_id or body.get("response_id") == response_id
+        if row.status == "ok" and named:
             recorded = rebuild(await state.turns.store.segment_rows(row.segment_id), row.id)
             conversation = list(recorded.conversation)
             given = {"role": "system", "content": body.get("instructions")}
@@ -200,7 +204,6 @@ async def create_response(
     messages = await _messages(state, session_id, body, sealer)
     if not messages:
         raise InvalidRequest("input is empty", param="input")
-    response_id = new_response_id(session_id)
     identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
     request = turn_request(
         state,
@@ -213,18 +216,23 @@ async def create_response(
         temperature=body.temperature,
         top_p=body.top_p,
         response_format=body.response_format(),
-        raw={"response_id": response_id, **body.model_dump(exclude={"input"}, exclude_none=True)},
+        raw=body.model_dump(exclude={"input"}, exclude_none=True),
         identity=identity,
     )
     request = await for_model(state, request, body.model)
-    shape = ResponseShape(
-        response_id=response_id,
-        body=body.model_dump(exclude={"input"}, exclude_none=True),
-        model=body.model,
-        created_at=int(time.time()),
-        sealer=sealer if "reasoning.encrypted_content" in (body.include or []) else None,
-        think_close=state.renderer.token_id("</think>"),
-    )
+    echoed = body.model_dump(exclude={"input"}, exclude_none=True)
+    created_at = int(time.time())
+
+    def shape(request_id: str) -> ResponseShape:
+        return ResponseShape(
+            response_id=response_id_of(request_id, session_id),
+            body=echoed,
+            model=body.model,
+            created_at=created_at,
+            sealer=sealer if "reasoning.encrypted_content" in (body.include or []) else None,
+            think_close=state.renderer.token_id("</think>"),
+        )
+
     return await answer_turn(
         state,
         session_id,
@@ -232,6 +240,6 @@ async def create_response(
         identity,
         stream=bool(body.stream),
         client=http_request,
-        events=lambda answer, held: response_events(shape, answer, held),
-        body=shape.completed,
+        events=lambda answer, held: response_events(shape(answer.request_id), answer, held),
+        body=lambda result: shape(result.request_id).completed(result),
     )
