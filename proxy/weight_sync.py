@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from proxy.errors import Paused
@@ -67,7 +68,12 @@ class PauseGate:
     def state(self) -> dict[str, Any]:
         return {
             "paused": self.paused,
-            "paused_since": self.paused_since,
+            # Every time the proxy returns carries its zone.
+            "paused_since": (
+                datetime.fromtimestamp(self.paused_since, UTC).isoformat()
+                if self.paused_since is not None
+                else None
+            ),
             "mode": self.mode,
             "max_wait_s": self.max_wait_s,
             "in_flight": self.in_flight,

@@ -28,7 +28,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         if _declared_length(scope) > self.max_bytes:
-            await self._refuse(send)
+            await self._refuse(scope, send)
             return
         chunks: list[bytes] = []
         size = 0
@@ -40,7 +40,7 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await self._refuse(send)
+                await self._refuse(scope, send)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -53,11 +53,11 @@ class BodyLimit:
             # answer is sent, and off the loop.
             await asyncio.to_thread(native_memory.trim)
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, scope: Scope, send: Send) -> None:
         error = PayloadTooLarge(
             f"the request body is larger than {self.max_bytes} bytes (--max-body-bytes)", param=None
         )
-        body = orjson.dumps(error.envelope())
+        body = orjson.dumps(_anthropic(error) if _is_anthropic(scope) else error.envelope())
         await send(
             {
                 "type": "http.response.start",
@@ -70,6 +70,17 @@ class BodyLimit:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def _is_anthropic(scope: Scope) -> bool:
+    """The Anthropic routes answer in Anthropic's error shape (proxy/dialects/anthropic.py)."""
+    return str(scope.get("path", "")).endswith(("/v1/messages", "/v1/messages/count_tokens"))
+
+
+def _anthropic(error: PayloadTooLarge) -> dict[str, Any]:
+    envelope = error.envelope()["error"]
+    found = {"type": "request_too_large", "message": error.message, "request_id": envelope.get("request_id")}
+    return {"type": "error", "error": found, "request_id": envelope.get("request_id")}
 
 
 def _declared_length(scope: Scope) -> int:

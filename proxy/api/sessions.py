@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
@@ -19,7 +19,7 @@ from proxy.export.summaries import store_on_finish
 from proxy.export.trajectory import build_trajectories
 from proxy.store.groups import check_group
 from proxy.store.models import SessionRow
-from proxy.store.repository import Repository
+from proxy.store.repository import Repository, utc_iso
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
 
@@ -41,18 +41,13 @@ class RewardBody(BaseModel):
     call_rewards: dict[RowId, FiniteFloat] | None = None
 
 
-def _utc_iso(moment: datetime) -> str:
-    """ISO 8601 with its zone: times are stored in UTC, and SQLite hands them back without a zone."""
-    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).isoformat()
-
-
 def session_json(session: SessionRow) -> dict[str, Any]:
     return {
         "id": session.id,
         "status": session.status,
-        "created_at": _utc_iso(session.created_at),
-        "updated_at": _utc_iso(session.updated_at),
-        "finished_at": _utc_iso(session.finished_at) if session.finished_at else None,
+        "created_at": utc_iso(session.created_at),
+        "updated_at": utc_iso(session.updated_at),
+        "finished_at": utc_iso(session.finished_at) if session.finished_at else None,
         "metadata": session.meta,
         "reward": session.reward,
         **group_fields(session),

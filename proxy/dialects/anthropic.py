@@ -4,26 +4,26 @@ server-sent events. Errors on these routes come in Anthropic's shape."""
 
 from __future__ import annotations
 
-import uuid
+import json
 from collections.abc import Callable, Coroutine
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.api.deps import SessionIdDep, StateDep
 from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
+from proxy.api.schemas import Shallow
 from proxy.app_state import AppState
 from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice, chat_tools
-from proxy.dialects.anthropic_output import MessageShape
+from proxy.dialects.anthropic_output import MessageShape, error_payload
 from proxy.dialects.anthropic_stream import message_events
 from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import answer_turn
-from proxy.errors import ProxyError, UnsupportedParameter
+from proxy.errors import InvalidRequest, UnsupportedParameter
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -37,12 +37,22 @@ _ERROR_TYPES = {
 }
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
-    return {"type": "error", "error": {"type": _ERROR_TYPES.get(status, "api_error"), "message": message}}
+def error_body(status: int, message: str, request_id: str | None = None) -> dict[str, Any]:
+    return error_payload(_ERROR_TYPES.get(status, "api_error"), message, request_id)
+
+
+async def _app_answer(request: Request, exc: Exception) -> Response:
+    """What the app's own handler for `exc` answers (it has one for Exception: always found)."""
+    handlers = request.app.exception_handlers
+    handler = next(handlers[kind] for kind in type(exc).__mro__ if kind in handlers)
+    answer: Response = await handler(request, exc)
+    return answer
 
 
 class AnthropicRoute(HarnessRoute):
-    """Errors of these routes, including validation and keys, in Anthropic's error shape."""
+    """Errors of these routes, including validation and keys, in Anthropic's error shape: the app's
+    own handler answers (status, Retry-After, metrics, the log of an unexpected error), and its
+    envelope is reworded as Anthropic's."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -50,13 +60,12 @@ class AnthropicRoute(HarnessRoute):
         async def in_anthropic_shape(request: Request) -> Response:
             try:
                 return await handler(request)
-            except ProxyError as exc:
-                return JSONResponse(error_body(exc.status_code, exc.message), status_code=exc.status_code)
-            except RequestValidationError as exc:
-                first = exc.errors()[0] if exc.errors() else {}
-                where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-                message = f"{first.get('msg', 'invalid request')}" + (f" (at {where})" if where else "")
-                return JSONResponse(error_body(400, message), status_code=400)
+            except Exception as exc:
+                answer = await _app_answer(request, exc)
+                error = json.loads(bytes(answer.body))["error"]
+                body = error_body(answer.status_code, error["message"], error.get("request_id"))
+                headers = {k: v for k, v in answer.headers.items() if k.lower() == "retry-after"}
+                return JSONResponse(body, status_code=answer.status_code, headers=headers)
 
         return in_anthropic_shape
 
@@ -80,6 +89,8 @@ _INERT = frozenset(
 
 class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
+    # Free-form values are checked for depth where they enter (proxy/json_limits.py), extras too.
+    __pydantic_extra__: dict[str, Annotated[Any, Shallow]] = Field(init=False)
 
     model: str
     messages: list[dict[str, Any]] = Field(min_length=1)
@@ -89,18 +100,23 @@ class MessagesRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
+    tools: Annotated[list[dict[str, Any]] | None, Shallow] = None
+    tool_choice: Annotated[dict[str, Any] | None, Shallow] = None
+    thinking: Annotated[dict[str, Any] | None, Shallow] = None
     stream: bool | None = None
-    context_management: dict[str, Any] | None = None
-    output_config: dict[str, Any] | None = None
+    context_management: Annotated[dict[str, Any] | None, Shallow] = None
+    output_config: Annotated[dict[str, Any] | None, Shallow] = None
 
     def check_supported(self) -> None:
         for name in self.model_extra or {}:
             if name not in _INERT:
                 raise UnsupportedParameter(f"parameter {name!r} is not supported by tito-proxy", param=name)
-        for edit in (self.context_management or {}).get("edits") or []:
+        edits = (self.context_management or {}).get("edits") or []
+        if not isinstance(edits, list) or not all(isinstance(edit, dict) for edit in edits):
+            raise InvalidRequest(
+                "context_management.edits must be a list of objects", param="context_management"
+            )
+        for edit in edits:
             # Edits that keep everything change nothing; others would rewrite the history server-side.
             if edit.get("keep") != "all":
                 raise UnsupportedParameter(
@@ -109,6 +125,13 @@ class MessagesRequest(BaseModel):
                 )
         if set(self.output_config or {}) - {"effort", "format"}:
             raise UnsupportedParameter("output_config supports effort and format", param="output_config")
+        if not isinstance((self.output_config or {}).get("effort", ""), str):
+            raise InvalidRequest("output_config.effort must be a string", param="output_config.effort")
+        if not isinstance((self.output_config or {}).get("format") or {}, dict):
+            raise InvalidRequest("output_config.format must be an object", param="output_config.format")
+        if "" in (self.stop_sequences or []):
+            # An empty sequence would end every turn before its first token.
+            raise InvalidRequest("stop_sequences must not hold an empty string", param="stop_sequences")
         if self.messages[-1].get("role") == "assistant":
             # A prefill asks the model to continue that text inside its turn; the turn core samples
             # whole turns after a generation prompt, so it cannot be honoured exactly.
@@ -146,13 +169,14 @@ class MessagesRequest(BaseModel):
 
 class CountTokensRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, Annotated[Any, Shallow]] = Field(init=False)
 
     model: str
     messages: list[dict[str, Any]] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
+    tools: Annotated[list[dict[str, Any]] | None, Shallow] = None
+    tool_choice: Annotated[dict[str, Any] | None, Shallow] = None
+    thinking: Annotated[dict[str, Any] | None, Shallow] = None
 
 
 @router.post("/messages", response_model=None)
@@ -180,7 +204,11 @@ async def create_message(
         identity=identity,
     )
     request = await for_model(state, request, body.model)
-    shape = MessageShape(f"msg_{uuid.uuid4().hex}", body.model, sealer, tuple(body.stop_sequences or ()))
+
+    def shape(request_id: str) -> MessageShape:
+        # Named by the turn's request id: a retry answered from the record has the original's.
+        return MessageShape(f"msg_{request_id}", body.model, sealer, tuple(body.stop_sequences or ()))
+
     return await answer_turn(
         state,
         session_id,
@@ -188,8 +216,8 @@ async def create_message(
         identity,
         stream=bool(body.stream),
         client=http_request,
-        events=lambda answer, held: message_events(shape, answer, held),
-        body=shape.message,
+        events=lambda answer, held: message_events(shape(answer.request_id), answer, held),
+        body=lambda result: shape(result.request_id).message(result),
     )
 
 

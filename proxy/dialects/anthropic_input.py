@@ -19,6 +19,23 @@ def _block_type(block: Any) -> str | None:
     return block.get("type") if isinstance(block, dict) else None
 
 
+def _string(block: dict[str, Any], key: str, param: str) -> str:
+    """A block's field that must be text (Anthropic refuses anything else too)."""
+    value = block.get(key)
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{_block_type(block)} blocks need {key} as a string", param=param)
+    return value
+
+
+def _blocks(content: Any, param: str) -> list[Any]:
+    """A message's content as blocks: a string is one text block; anything else is refused."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise InvalidRequest("content must be a string or a list of blocks", param=param)
+    return content
+
+
 def blocks_text(content: Any, param: str) -> str:
     """Text blocks (or a plain string) as one text; the two shapes of the same text are equal."""
     if isinstance(content, str):
@@ -27,12 +44,26 @@ def blocks_text(content: Any, param: str) -> str:
         raise InvalidRequest("content must be a string or a list of blocks", param=param)
     texts = []
     for block in content:
-        if _block_type(block) != "text" or not isinstance(block.get("text"), str):
+        if _block_type(block) != "text":
             raise UnsupportedParameter(
                 f"content blocks of type {_block_type(block)!r} are not supported here", param=param
             )
-        texts.append(block["text"])
+        texts.append(_string(block, "text", param))
     return "\n".join(texts)
+
+
+def _tool_use(block: dict[str, Any], param: str) -> dict[str, Any]:
+    arguments = block.get("input", {})
+    if not isinstance(arguments, dict):
+        raise InvalidRequest("tool_use blocks need input as an object", param=param)
+    return {
+        "id": _string(block, "id", param),
+        "type": "function",
+        "function": {
+            "name": _string(block, "name", param),
+            "arguments": json.dumps(arguments, ensure_ascii=False),
+        },
+    }
 
 
 def _assistant(content: Any, sealer: Sealer, param: str) -> Message:
@@ -42,28 +73,18 @@ def _assistant(content: Any, sealer: Sealer, param: str) -> Message:
     texts: list[str] = []
     thoughts: list[str] = []
     verified = True
-    for block in content or []:
+    for block in _blocks(content, param):
         kind = _block_type(block)
         if kind == "text":
-            texts.append(block.get("text", ""))
+            texts.append(_string(block, "text", param))
         elif kind == "thinking":
-            thoughts.append(block.get("thinking", ""))
-            verified = verified and sealer.verifies(
-                block.get("thinking", ""), str(block.get("signature", ""))
-            )
+            thought = _string(block, "thinking", param)
+            thoughts.append(thought)
+            verified = verified and sealer.verifies(thought, str(block.get("signature", "")))
         elif kind == "redacted_thinking":
             verified = False  # we never redact: this is not reasoning we sampled
         elif kind == "tool_use":
-            message.setdefault("tool_calls", []).append(
-                {
-                    "id": block.get("id"),
-                    "type": "function",
-                    "function": {
-                        "name": block.get("name"),
-                        "arguments": json.dumps(block.get("input") or {}, ensure_ascii=False),
-                    },
-                }
-            )
+            message.setdefault("tool_calls", []).append(_tool_use(block, param))
         else:
             raise UnsupportedParameter(f"assistant blocks of type {kind!r} are not supported", param=param)
     if texts:
@@ -80,14 +101,15 @@ def _user(content: Any, param: str) -> list[Message]:
         return [{"role": "user", "content": content}]
     found: list[Message] = []
     texts: list[str] = []
-    for block in content or []:
+    for block in _blocks(content, param):
         kind = _block_type(block)
         if kind == "tool_result":
             result = block.get("content")
             text = "" if result is None else blocks_text(result, param)
-            found.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
+            call_id = _string(block, "tool_use_id", param)
+            found.append({"role": "tool", "tool_call_id": call_id, "content": text})
         elif kind == "text":
-            texts.append(block.get("text", ""))
+            texts.append(_string(block, "text", param))
         else:
             raise UnsupportedParameter(f"user blocks of type {kind!r} are not supported", param=param)
     if texts:
@@ -118,15 +140,21 @@ def anthropic_messages(system: Any, messages: list[dict[str, Any]], sealer: Seal
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     found = []
     for index, tool in enumerate(tools or []):
+        param = f"tools[{index}]"
         if tool.get("type") not in (None, "custom"):
             raise UnsupportedParameter(
                 f"tools of type {tool.get('type')!r} are not supported (custom tools with an input_schema)",
-                param=f"tools[{index}]",
+                param=param,
             )
-        function: dict[str, Any] = {"name": tool.get("name")}
+        name, schema = tool.get("name"), tool.get("input_schema")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest("a tool needs a name", param=f"{param}.name")
+        if schema is not None and not isinstance(schema, dict):
+            raise InvalidRequest("a tool's input_schema must be an object", param=f"{param}.input_schema")
+        function: dict[str, Any] = {"name": name}
         if tool.get("description") is not None:
             function["description"] = tool["description"]
-        function["parameters"] = tool.get("input_schema") or {"type": "object", "properties": {}}
+        function["parameters"] = schema or {"type": "object", "properties": {}}
         found.append({"type": "function", "function": function})
     return found
 

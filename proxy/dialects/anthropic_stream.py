@@ -14,12 +14,30 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.anthropic_output import MessageShape
+from proxy.dialects.anthropic_output import MessageShape, error_payload
 from proxy.dialects.turn_events import Answer, Failed, Finished, Keepalive, TextDelta, ToolCallDelta
 
 
 def _event(kind: str, **fields: Any) -> bytes:
     return f"event: {kind}\ndata: {orjson.dumps({'type': kind, **fields}).decode()}\n\n".encode()
+
+
+# A streamed fault's kind in Anthropic's terms, from the type (and code) of the proxy's envelope.
+_ERROR_TYPES = {
+    "invalid_request_error": "invalid_request_error",
+    "conflict_error": "invalid_request_error",
+    "not_found_error": "not_found_error",
+    "rate_limit_error": "rate_limit_error",
+}
+_OVERLOADED = frozenset({"engine_unavailable", "database_unavailable", "record_failed"})
+
+
+def _error_event(error: dict[str, Any]) -> bytes:
+    """An `error` event from the proxy's envelope of a streamed fault."""
+    kind = "overloaded_error" if error.get("code") in _OVERLOADED else "api_error"
+    kind = _ERROR_TYPES.get(error.get("type", ""), kind)
+    payload = error_payload(kind, error.get("message", ""), error.get("request_id"))
+    return f"event: error\ndata: {orjson.dumps(payload).decode()}\n\n".encode()
 
 
 class _Blocks:
@@ -100,8 +118,7 @@ async def message_events(
                 for chunk in blocks.tool_use(event):
                     yield chunk
             elif isinstance(event, Failed):
-                error = {"type": "api_error", "message": event.error.get("message", "")}
-                yield _event("error", error=error)
+                yield _error_event(event.error)
                 # No return: the core ends its stream by recording the partial turn as aborted.
             elif isinstance(event, Finished):
                 for chunk in blocks.close():

@@ -8,8 +8,8 @@ session without the client resending history (the proxy holds the record, whatev
 from __future__ import annotations
 
 import time
-import uuid
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,19 +17,37 @@ from pydantic import BaseModel, ConfigDict, Field
 from proxy.api.deps import SessionIdDep, StateDep, check_session_id
 from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
+from proxy.api.schemas import Shallow
 from proxy.app_state import AppState
 from proxy.chat.messages import Message
 from proxy.dialects.responses_input import chat_tool_choice, chat_tools, input_messages
-from proxy.dialects.responses_output import ResponseShape
+from proxy.dialects.responses_output import ResponseShape, responses_param
 from proxy.dialects.responses_stream import response_events
 from proxy.dialects.seals import Sealer
 from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import answer_turn
-from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
+from proxy.errors import InvalidRequest, NotFound, ProxyError, UnsupportedParameter
 from proxy.store.prompts import rebuild
 from proxy.store.repository import Repository
 
-router = APIRouter(prefix="/v1", tags=["responses"], route_class=HarnessRoute)
+
+class ResponsesRoute(HarnessRoute):
+    """Errors name the field as the Responses request does (the turn core speaks chat's names)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def in_responses_terms(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ProxyError as exc:
+                exc.param = responses_param(exc.param)
+                raise
+
+        return in_responses_terms
+
+
+router = APIRouter(prefix="/v1", tags=["responses"], route_class=ResponsesRoute)
 
 # Fields that change nothing about the sample: accepted and recorded.
 _INERT = frozenset(
@@ -51,18 +69,20 @@ _INCLUDES = frozenset({"reasoning.encrypted_content"})
 
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
+    # Free-form values are checked for depth where they enter (proxy/json_limits.py), extras too.
+    __pydantic_extra__: dict[str, Annotated[Any, Shallow]] = Field(init=False)
 
     model: str
     input: str | list[dict[str, Any]] = Field(default_factory=list)
     instructions: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: Annotated[list[dict[str, Any]] | None, Shallow] = None
+    tool_choice: Annotated[str | dict[str, Any] | None, Shallow] = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    text: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None
+    text: Annotated[dict[str, Any] | None, Shallow] = None
+    reasoning: Annotated[dict[str, Any] | None, Shallow] = None
     include: list[str] | None = None
     previous_response_id: str | None = None
     stream: bool | None = None
@@ -97,6 +117,8 @@ class ResponsesRequest(BaseModel):
     def response_format(self) -> dict[str, Any] | None:
         """text.format in chat's response_format shape."""
         found = (self.text or {}).get("format")
+        if found is not None and not isinstance(found, dict):
+            raise InvalidRequest("text.format must be an object with a type", param="text.format")
         if found is None or found.get("type") == "text":
             return None
         if found.get("type") == "json_object":
@@ -109,11 +131,15 @@ class ResponsesRequest(BaseModel):
     def template_kwargs(self) -> dict[str, Any] | None:
         # Templates that read a reasoning effort (gpt-oss) render it; others render the same tokens.
         effort = (self.reasoning or {}).get("effort")
+        if effort is not None and not isinstance(effort, str):
+            raise InvalidRequest("reasoning.effort must be a string", param="reasoning.effort")
         return {"reasoning_effort": effort} if effort else None
 
 
-def new_response_id(session_id: str) -> str:
-    return f"resp_{uuid.uuid4().hex}_{session_id}"
+def response_id_of(request_id: str, session_id: str) -> str:
+    """A response is named by its turn's request id (32 hex digits, the same in a retry answered
+    from the record) and its session."""
+    return f"resp_{request_id}_{session_id}"
 
 
 def session_of(response_id: str) -> str:
@@ -123,12 +149,22 @@ def session_of(response_id: str) -> str:
 
 
 async def _stored_conversation(state: AppState, session_id: str, response_id: str) -> list[Message]:
+    """The conversation a recorded response ended, without the instructions its request gave: as in
+    OpenAI's API, a previous response's instructions are not carried over."""
     async with state.db_sessions() as db:
         rows = await Repository(db).session_calls(session_id)
+    request_id = response_id[5:37]
     for row in rows:
-        if row.status == "ok" and (row.request.get("body") or {}).get("response_id") == response_id:
+        body = row.request.get("body") or {}
+        # Calls recorded before responses were named by their request id hold the name they got.
+        named = row.finish_detail.get("request_id") == request_id or body.get("response_id") == response_id
+        if row.status == "ok" and named:
             recorded = rebuild(await state.turns.store.segment_rows(row.segment_id), row.id)
-            return list(recorded.conversation)
+            conversation = list(recorded.conversation)
+            given = {"role": "system", "content": body.get("instructions")}
+            if given["content"] and conversation and conversation[0] == given:
+                return conversation[1:]
+            return conversation
     raise NotFound(f"no response {response_id!r} in session {session_id!r}", param="previous_response_id")
 
 
@@ -136,17 +172,11 @@ async def _messages(
     state: AppState, session_id: str, body: ResponsesRequest, sealer: Sealer
 ) -> list[Message]:
     added = input_messages(None, body.input, sealer)
+    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     if body.previous_response_id is None:
-        system = [{"role": "system", "content": body.instructions}] if body.instructions else []
         return [*system, *added]
     stored = await _stored_conversation(state, session_id, body.previous_response_id)
-    if body.instructions:
-        # Instructions are not carried over from the previous response: this request's replace them.
-        if stored and stored[0]["role"] == "system":
-            stored[0] = {**stored[0], "content": body.instructions}
-        else:
-            stored.insert(0, {"role": "system", "content": body.instructions})
-    return [*stored, *added]
+    return [*system, *stored, *added]
 
 
 def _session(session: tuple[str, bool], body: ResponsesRequest) -> str:
@@ -174,7 +204,6 @@ async def create_response(
     messages = await _messages(state, session_id, body, sealer)
     if not messages:
         raise InvalidRequest("input is empty", param="input")
-    response_id = new_response_id(session_id)
     identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
     request = turn_request(
         state,
@@ -187,18 +216,23 @@ async def create_response(
         temperature=body.temperature,
         top_p=body.top_p,
         response_format=body.response_format(),
-        raw={"response_id": response_id, **body.model_dump(exclude={"input"}, exclude_none=True)},
+        raw=body.model_dump(exclude={"input"}, exclude_none=True),
         identity=identity,
     )
     request = await for_model(state, request, body.model)
-    shape = ResponseShape(
-        response_id=response_id,
-        body=body.model_dump(exclude={"input"}, exclude_none=True),
-        model=body.model,
-        created_at=int(time.time()),
-        sealer=sealer if "reasoning.encrypted_content" in (body.include or []) else None,
-        think_close=state.renderer.token_id("</think>"),
-    )
+    echoed = body.model_dump(exclude={"input"}, exclude_none=True)
+    created_at = int(time.time())
+
+    def shape(request_id: str) -> ResponseShape:
+        return ResponseShape(
+            response_id=response_id_of(request_id, session_id),
+            body=echoed,
+            model=body.model,
+            created_at=created_at,
+            sealer=sealer if "reasoning.encrypted_content" in (body.include or []) else None,
+            think_close=state.renderer.token_id("</think>"),
+        )
+
     return await answer_turn(
         state,
         session_id,
@@ -206,6 +240,6 @@ async def create_response(
         identity,
         stream=bool(body.stream),
         client=http_request,
-        events=lambda answer, held: response_events(shape, answer, held),
-        body=shape.completed,
+        events=lambda answer, held: response_events(shape(answer.request_id), answer, held),
+        body=lambda result: shape(result.request_id).completed(result),
     )

@@ -84,11 +84,14 @@ class _Turns:
         message = self._open(after="content")
         message["content"] = (message.get("content") or "") + text
 
-    def call(self, item: dict[str, Any]) -> None:
+    def call(self, item: dict[str, Any], param: str) -> None:
         arguments = item.get("arguments", "{}")
         name = item.get("name")
         if not isinstance(name, str) or not isinstance(item.get("call_id"), str):
-            raise InvalidRequest("a function_call item needs name and call_id", param="input")
+            raise InvalidRequest("a function_call item needs name and call_id", param=param)
+        if not isinstance(arguments, str):
+            # The API's arguments are JSON text; an object has no one text the model sampled.
+            raise InvalidRequest("function_call arguments must be a JSON string", param=f"{param}.arguments")
         if item.get("namespace"):
             name = f"{item['namespace']}.{name}"
         message = self._open(after="tool_calls")
@@ -96,10 +99,7 @@ class _Turns:
             {
                 "id": item["call_id"],
                 "type": "function",
-                "function": {
-                    "name": name,
-                    "arguments": arguments if isinstance(arguments, str) else str(arguments),
-                },
+                "function": {"name": name, "arguments": arguments},
             }
         )
 
@@ -139,11 +139,13 @@ def _add_item(turns: _Turns, item: dict[str, Any], param: str) -> None:
     elif kind == "reasoning":
         turns.reasoning(item)
     elif kind == "function_call":
-        turns.call(item)
+        turns.call(item, param)
     elif kind == "function_call_output":
         output = item.get("output")
         text = output if isinstance(output, str) else _text(output, f"{param}.output")
-        turns.other({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
+        if not isinstance(item.get("call_id"), str):
+            raise InvalidRequest("a function_call_output item needs its call_id", param=f"{param}.call_id")
+        turns.other({"role": "tool", "tool_call_id": item["call_id"], "content": text})
     else:
         raise UnsupportedParameter(f"input items of type {kind!r} are not supported", param=param)
 
@@ -154,11 +156,15 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     for index, tool in enumerate(tools or []):
         kind = tool.get("type")
+        param = f"tools[{index}]"
         if kind == "function":
-            found.append(_function(tool, prefix=""))
+            found.append(_function(tool, prefix="", param=param))
         elif kind == "namespace":
             prefix = f"{tool.get('name')}."
-            found.extend(_function(inner, prefix=prefix) for inner in tool.get("tools") or [])
+            inner = tool.get("tools") or []
+            if not isinstance(inner, list):
+                raise InvalidRequest("a namespace's tools must be a list", param=f"{param}.tools")
+            found.extend(_function(each, prefix=prefix, param=param) for each in inner)
         elif kind not in HOSTED_TOOLS:
             raise UnsupportedParameter(
                 f"tools of type {kind!r} are not supported (function, namespace, web_search)",
@@ -167,9 +173,13 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     return found
 
 
-def _function(tool: dict[str, Any], *, prefix: str) -> dict[str, Any]:
-    if tool.get("type", "function") != "function" or not isinstance(tool.get("name"), str):
-        raise UnsupportedParameter("a namespace holds function tools with a name", param="tools")
+def _function(tool: Any, *, prefix: str, param: str) -> dict[str, Any]:
+    if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+        raise UnsupportedParameter("a namespace holds function tools", param=param)
+    if not isinstance(tool.get("name"), str) or not tool["name"]:
+        raise InvalidRequest("a function tool needs a name", param=f"{param}.name")
+    if not isinstance(tool.get("parameters") or {}, dict):
+        raise InvalidRequest("a function tool's parameters must be an object", param=f"{param}.parameters")
     function: dict[str, Any] = {"name": prefix + tool["name"]}
     if tool.get("description") is not None:
         function["description"] = tool["description"]

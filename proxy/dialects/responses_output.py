@@ -13,6 +13,14 @@ from typing import Any
 from proxy.dialects.seals import Sealer
 from proxy.turns import TurnResult
 
+# The turn core names request fields as chat does; a Responses client sent these under other names.
+_FIELD_NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
+
+
+def responses_param(param: str | None) -> str | None:
+    """An error's `param` as the Responses request names that field."""
+    return _FIELD_NAMES.get(param, param) if param is not None else None
+
 
 @dataclass(frozen=True)
 class ResponseShape:
@@ -152,7 +160,8 @@ def output_text(text: str) -> dict[str, Any]:
 def usage_of(result: TurnResult, reasoning_tokens: int) -> dict[str, Any]:
     return {
         "input_tokens": result.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        # Both required by the openai SDK's ResponseUsage (2.5x); the proxy counts no cache.
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": result.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": result.prompt_tokens + result.completion_tokens,

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.responses_output import ResponseShape, output_text, status_of
+from proxy.dialects.responses_output import ResponseShape, output_text, responses_param, status_of
 from proxy.dialects.turn_events import (
     Answer,
     Failed,
@@ -127,7 +127,11 @@ async def response_events(
             elif isinstance(event, Failed):
                 error = event.error
                 yield writer.event(
-                    "error", code=error.get("code"), message=error.get("message"), param=error.get("param")
+                    "error",
+                    code=error.get("code"),
+                    message=error.get("message"),
+                    param=responses_param(error.get("param")),
+                    request_id=error.get("request_id"),
                 )
                 failed = shape.response(
                     "failed",

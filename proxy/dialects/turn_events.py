@@ -109,14 +109,17 @@ def _translated(payload: dict[str, Any], calls: _Calls, results: list[TurnResult
 
 async def streamed(
     state: AppState, session_id: str, request: TurnRequest
-) -> tuple[int, AsyncGenerator[TurnEvent, None]]:
-    """One turn sampled from the engine's stream: its prompt's length, and its events (committed
-    before `Finished`). Raises before any event when the request or the engine refuses."""
+) -> tuple[int, str, AsyncGenerator[TurnEvent, None]]:
+    """One turn sampled from the engine's stream: its prompt's length, the turn's request id, and its
+    events (committed before `Finished`). Raises before any event when the request or the engine
+    refuses."""
     turn = await state.turns.prepare(session_id, request)
     [(request_id, chunks)] = await open_streams(
         state.engine, turn, 1, admission_wait_s=state.settings.stream_keepalive_s
     )
-    return len(turn.plan.prompt), _streamed_events(state, turn, request_id, chunks)
+    # The answer is named by the turn's request id (recorded, so a replay has it), as chat's streams
+    # are; the engine stream's own id is for aborts.
+    return len(turn.plan.prompt), turn.request_id, _streamed_events(state, turn, request_id, chunks)
 
 
 async def _streamed_events(
@@ -176,12 +179,14 @@ async def _listed(events: list[TurnEvent]) -> AsyncGenerator[TurnEvent, None]:
 
 @dataclass
 class Answer:
-    """What the core gave: results of a plain turn, or a stream of events; `replayed` for a retry."""
+    """What the core gave: results of a plain turn, or a stream of events; `replayed` for a retry.
+    `request_id` names the answer (a retry answered from the record has the original's)."""
 
     results: list[TurnResult] | None = None
     events: AsyncGenerator[TurnEvent, None] | None = None
     prompt_tokens: int = 0
     replayed: bool = False
+    request_id: str = ""
 
 
 async def run_turn(
@@ -206,17 +211,16 @@ async def run_turn(
             results = replayed_results(recorded)
             if len(results) != 1:
                 raise InvalidRequest("the recorded answer of this retry has a different number of choices")
-            prompt_tokens = results[0].prompt_tokens
+            prompt_tokens, request_id = results[0].prompt_tokens, results[0].request_id
             if stream:
-                return Answer(
-                    events=_listed(replayed(results[0])), prompt_tokens=prompt_tokens, replayed=True
-                )
-            return Answer(results=results, prompt_tokens=prompt_tokens, replayed=True)
+                events = _listed(replayed(results[0]))
+                return Answer(None, events, prompt_tokens, replayed=True, request_id=request_id)
+            return Answer(results, None, prompt_tokens, replayed=True, request_id=request_id)
     if stream:
-        prompt_tokens, events = await streamed(state, session_id, request)
-        return Answer(events=events, prompt_tokens=prompt_tokens)
+        prompt_tokens, request_id, events = await streamed(state, session_id, request)
+        return Answer(events=events, prompt_tokens=prompt_tokens, request_id=request_id)
     results = await run_watched(state, session_id, request, client)
-    return Answer(results=results, prompt_tokens=results[0].prompt_tokens)
+    return Answer(results=results, prompt_tokens=results[0].prompt_tokens, request_id=results[0].request_id)
 
 
 async def answer_turn(
@@ -250,4 +254,6 @@ async def answer_turn(
     finally:
         await exit_stack.aclose()
     assert answer.results is not None
+    # The recorded call, as chat names it: what POST /sessions/{id}/reward's call_rewards takes.
+    headers["X-Tito-Call-Ids"] = str(answer.results[0].call_id)
     return Response(orjson.dumps(body(answer.results[0])), media_type="application/json", headers=headers)

@@ -21,9 +21,9 @@ from proxy.api.auth import require_admin_key
 from proxy.api.deps import StateDep
 from proxy.api.schemas import MAX_DB_INTEGER
 from proxy.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
-from proxy.observe.viewer_data import call_tree, summary, tokens, trajectories
+from proxy.observe.viewer_data import call_tree, group_of, summary, tokens, trajectories
 from proxy.store.models import FinishedRow, SessionRow
-from proxy.store.repository import Repository
+from proxy.store.repository import Repository, in_utc
 
 STATIC = Path(__file__).parent / "static"
 COOKIE = "tito_admin_key"
@@ -130,9 +130,9 @@ async def list_sessions(
 ) -> dict[str, Any]:
     query, by_cursor = _listing(status, after)
     if since is not None:
-        query = query.where(SessionRow.created_at >= since)
+        query = query.where(SessionRow.created_at >= in_utc(since))
     if until is not None:
-        query = query.where(SessionRow.created_at <= until)
+        query = query.where(SessionRow.created_at <= in_utc(until))
     if reward_min is not None:
         query = query.where(SessionRow.reward >= reward_min)
     if reward_max is not None:
@@ -146,7 +146,7 @@ async def list_sessions(
         for key, session in (await db.execute(query.limit(SCAN_LIMIT))).all():
             scanned += 1
             cursor = str(key)
-            if group is not None and (session.meta or {}).get("group") != group:
+            if group is not None and group_of(session) != group:
                 continue
             calls = await repo.session_calls(session.id)
             if weight_version is not None and all(c.weight_version != weight_version for c in calls):

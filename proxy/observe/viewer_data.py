@@ -12,6 +12,7 @@ from proxy.export.trajectory import SegmentTrajectory, build_trajectories
 from proxy.store.codec import unpack_ids
 from proxy.store.models import CallRow, SessionRow
 from proxy.store.prompts import chain_conversation
+from proxy.store.repository import utc_iso
 
 
 def trajectories(state: AppState, session: SessionRow, calls: Sequence[CallRow]) -> list[SegmentTrajectory]:
@@ -27,6 +28,12 @@ def trajectories(state: AppState, session: SessionRow, calls: Sequence[CallRow])
     )
 
 
+def group_of(session: SessionRow) -> Any:
+    """The session's GRPO group (group_id), else the `group` its metadata names (the viewer's
+    convention before sessions had groups)."""
+    return session.group_id if session.group_id is not None else (session.meta or {}).get("group")
+
+
 def summary(
     session: SessionRow, calls: Sequence[CallRow], paths: Sequence[SegmentTrajectory] | None
 ) -> dict[str, Any]:
@@ -38,9 +45,9 @@ def summary(
     return {
         "id": session.id,
         "status": session.status,
-        "group": (session.meta or {}).get("group"),
-        "created_at": session.created_at.isoformat(),
-        "finished_at": session.finished_at.isoformat() if session.finished_at else None,
+        "group": group_of(session),
+        "created_at": utc_iso(session.created_at),
+        "finished_at": utc_iso(session.finished_at) if session.finished_at else None,
         "reward": session.reward,
         "num_calls": len(calls),
         "num_segments": len({c.segment_id for c in calls}),

@@ -55,6 +55,17 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def utc_iso(moment: datetime) -> str:
+    """ISO 8601 with its zone: times are stored in UTC, and SQLite hands them back without a zone."""
+    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).isoformat()
+
+
+def in_utc(moment: datetime) -> datetime:
+    """A time to compare with stored ones, in UTC (a time without a zone is taken as UTC): SQLite
+    compares the stored text, which drops the zone, so 07:00+02:00 must become 05:00."""
+    return moment.astimezone(UTC) if moment.tzinfo is not None else moment
+
+
 async def first_setting(db_sessions: async_sessionmaker[DbSession], key: str, proposed: str) -> str:
     """The setting's stored value; `proposed` is stored when there is none. Processes starting at
     once all get the value the first of them stored (the primary key admits one)."""

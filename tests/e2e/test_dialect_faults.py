@@ -77,3 +77,36 @@ def test_client_disconnect_aborts_the_engine(
         assert time.monotonic() < deadline, "the partial turn was not recorded as aborted"
         time.sleep(0.05)
     assert segments(proxy_url, "gone") == []
+
+
+@pytest.mark.parametrize("route", ["responses", "messages"])
+def test_a_streamed_error_event_names_the_request(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, route: str
+) -> None:
+    engine.fault = "no_finish"
+    engine.push(qwen_tokenizer.encode(" word" * 4).ids)
+    response = httpx.post(
+        f"{proxy_url}/sessions/rid/v1/{route}",
+        json=BODIES[route],
+        headers={"x-request-id": "req-42"},
+        timeout=30,
+    )
+    [error] = [event for event in _data(response.text.splitlines()) if event["type"] == "error"]
+    if route == "responses":
+        assert error["request_id"] == "req-42"
+        assert error["code"] == "bad_gateway"
+    else:
+        assert error["error"]["request_id"] == "req-42"
+        assert error["request_id"] == "req-42"
+        assert error["error"]["type"] == "api_error"
+
+
+def test_an_anthropic_stream_error_keeps_its_kind(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    """An engine's length refusal after the first chunk is an invalid request, as unstreamed."""
+    engine.fault = "error_mid_stream"
+    engine.push(qwen_tokenizer.encode(" word" * 4).ids)
+    response = httpx.post(f"{proxy_url}/sessions/kind/v1/messages", json=BODIES["messages"], timeout=30)
+    [error] = [event for event in _data(response.text.splitlines()) if event["type"] == "error"]
+    assert error["error"]["type"] == "invalid_request_error"

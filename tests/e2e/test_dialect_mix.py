@@ -144,3 +144,53 @@ def test_a_retried_responses_stream_is_replayed_from_the_record(
         )
     assert outputs[0] == outputs[1]
     assert len(engine.requests) == 1
+
+
+def test_a_plain_dialect_answer_names_its_recorded_call(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    """X-Tito-Call-Ids, as chat's answers carry it: the id call_rewards takes."""
+    base = f"{proxy_url}/sessions/named/v1"
+    push(engine, qwen_tokenizer, "One.")
+    first = httpx.post(f"{base}/responses", json={"model": "m", "input": "hi"}, timeout=30)
+    push(engine, qwen_tokenizer, "Two.")
+    body = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    second = httpx.post(f"{base}/messages", json=body, timeout=30)
+    ids = [first.headers["x-tito-call-ids"], second.headers["x-tito-call-ids"]]
+    rewards = {ids[0]: 0.25, ids[1]: 0.5}
+    answer = httpx.post(f"{proxy_url}/sessions/named/reward", json={"reward": 1.0, "call_rewards": rewards})
+    assert answer.status_code == 200, answer.text
+    [row, other] = httpx.get(f"{proxy_url}/sessions/named/samples").json()["samples"]
+    assert [row["call_id"], other["call_id"]] == [int(i) for i in ids]
+    assert [row["call_reward"], other["call_reward"]] == [0.25, 0.5]
+
+
+def _final_event(response: httpx.Response) -> dict[str, Any]:
+    data = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+    found: dict[str, Any] = data[-1] if data[-1]["type"] != "message_stop" else data[0]["message"]
+    return found
+
+
+def test_a_replayed_answer_keeps_its_id_and_continues(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    """A retry answered from the record is the same answer, id included (as chat's chatcmpl- id): a
+    previous_response_id taken from the replay finds the recorded response."""
+    base = f"{proxy_url}/sessions/same-id/v1"
+    anthropic_body = {"model": "m", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]}
+    for stream in (False, True):
+        push(engine, qwen_tokenizer, "Hello.")
+        push(engine, qwen_tokenizer, "Hi.")
+        for route, body in (("responses", {"model": "m", "input": "hi"}), ("messages", anthropic_body)):
+            ids = []
+            for _ in range(2):
+                headers = {"Idempotency-Key": f"{route}-{stream}"}
+                answer = httpx.post(f"{base}/{route}", json={**body, "stream": stream}, headers=headers)
+                assert answer.status_code == 200, answer.text
+                found = _final_event(answer) if stream else answer.json()
+                ids.append(found["response"]["id"] if "response" in found else found["id"])
+            assert ids[0] == ids[1], (route, stream)
+            if route == "responses":
+                push(engine, qwen_tokenizer, "More.")
+                follow = {"model": "m", "input": "more", "previous_response_id": ids[1]}
+                assert httpx.post(f"{base}/responses", json=follow).status_code == 200

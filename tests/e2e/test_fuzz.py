@@ -44,7 +44,8 @@ def _assert_answered_in_the_envelope(response: Any, path: str = "") -> None:
         if path.endswith(("/messages", "/messages/count_tokens")):
             # The Anthropic dialect answers in Anthropic's error shape.
             assert body["type"] == "error"
-            assert set(body["error"]) == {"type", "message"}
+            assert set(body["error"]) == {"type", "message", "request_id"}
+            assert body["request_id"] == body["error"]["request_id"]
             return
         assert set(body["error"]) == {"message", "type", "param", "code", "request_id"}
 

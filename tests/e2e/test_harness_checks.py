@@ -102,6 +102,7 @@ def _answer(response: httpx.Response) -> tuple[int, Any, str | None]:
     body = response.json()
     error = body.get("error", {})
     error.pop("request_id", None)
+    body.pop("request_id", None)  # Anthropic's place for it
     return response.status_code, body, response.headers.get("content-type")
 
 
@@ -137,12 +138,15 @@ def test_the_checks_answer_in_each_dialects_shape(keyed: tuple[FastAPI, str]) ->
         assert bad_index.status_code == 400
         if route == "/v1/messages":
             assert refused.json()["error"]["type"] == "authentication_error"
+            request_id = bad_id.headers["x-request-id"]
             assert bad_id.json() == {
                 "type": "error",
                 "error": {
                     "type": "invalid_request_error",
                     "message": "session ids are 1-128 characters of letters, digits and . _ : @ -",
+                    "request_id": request_id,
                 },
+                "request_id": request_id,
             }
             assert "X-Tito-Sample-Index" in bad_index.json()["error"]["message"]
         else:

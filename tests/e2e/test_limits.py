@@ -113,6 +113,25 @@ def test_a_body_over_the_limit_is_a_413_in_the_envelope(small_limit_url: str) ->
     assert "4096" in error["message"]
 
 
+def test_a_body_over_the_limit_on_the_anthropic_routes_is_in_anthropics_shape(small_limit_url: str) -> None:
+    for route in ("/v1/messages", "/sessions/s/v1/messages/count_tokens"):
+        response = httpx.post(
+            f"{small_limit_url}{route}",
+            content=_big_body(10_000),
+            headers={"content-type": "application/json", "x-request-id": "big-1"},
+        )
+        assert response.status_code == 413
+        assert response.json() == {
+            "type": "error",
+            "error": {
+                "type": "request_too_large",
+                "message": "the request body is larger than 4096 bytes (--max-body-bytes)",
+                "request_id": "big-1",
+            },
+            "request_id": "big-1",
+        }
+
+
 def test_a_chunked_body_over_the_limit_is_a_413(small_limit_url: str) -> None:
     def chunks() -> Iterator[bytes]:
         body = _big_body(100_000)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import re
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -201,3 +203,43 @@ def test_viewer_api_gives_aligned_tokens_and_clear_errors(
     assert bad_cursor.status_code == 400
     assert httpx.get(f"{proxy_url}/ui/api/sessions/nobody").status_code == 404
     assert httpx.get(f"{proxy_url}/ui/api/sessions/viewed/tokens", params={"path": 9}).status_code == 404
+
+
+def test_viewer_api_times_carry_their_zone(proxy_url: str) -> None:
+    """As every other time the proxy returns; `since` with an offset means that instant."""
+    assert httpx.post(f"{proxy_url}/sessions", json={"id": "zoned"}).status_code == 201
+    assert httpx.post(f"{proxy_url}/sessions/zoned/finish").status_code == 200
+    listed = httpx.get(f"{proxy_url}/ui/api/sessions").json()["data"]
+    detail = httpx.get(f"{proxy_url}/ui/api/sessions/zoned").json()
+    for found in (listed[0], detail):
+        for key in ("created_at", "finished_at"):
+            assert found[key].endswith("+00:00"), (key, found[key])
+    created = datetime.fromisoformat(listed[0]["created_at"])
+    just_before = (created - timedelta(seconds=1)).astimezone(timezone(timedelta(hours=5)))
+    just_after = (created + timedelta(seconds=1)).astimezone(timezone(timedelta(hours=-5)))
+    assert [s["id"] for s in _viewer_list(proxy_url, since=just_before.isoformat())] == ["zoned"]
+    assert _viewer_list(proxy_url, since=just_after.isoformat()) == []
+    assert [s["id"] for s in _viewer_list(proxy_url, until=just_after.isoformat())] == ["zoned"]
+
+
+def _viewer_list(url: str, **query: str) -> list[dict[str, Any]]:
+    answer = httpx.get(f"{url}/ui/api/sessions", params=query)
+    assert answer.status_code == 200, answer.text
+    found: list[dict[str, Any]] = answer.json()["data"]
+    return found
+
+
+def test_viewer_groups_are_the_sessions_grpo_groups(proxy_url: str) -> None:
+    """A session's group is its group_id (issue #15's first-class field); metadata.group, which the
+    viewer read before groups existed, still counts for a session without one."""
+    for body in (
+        {"id": "s-a", "group_id": "prompt-7", "sample_index": 0},
+        {"id": "s-b", "group_id": "prompt-7", "sample_index": 1},
+        {"id": "s-c", "metadata": {"group": "prompt-7"}},
+        {"id": "s-d", "group_id": "prompt-8", "sample_index": 0},
+    ):
+        assert httpx.post(f"{proxy_url}/sessions", json=body).status_code == 201
+    found = _viewer_list(proxy_url, group="prompt-7")
+    assert [s["id"] for s in found] == ["s-a", "s-b", "s-c"]
+    assert [s["group"] for s in found] == ["prompt-7"] * 3
+    assert httpx.get(f"{proxy_url}/ui/api/sessions/s-d").json()["group"] == "prompt-8"

@@ -253,3 +253,49 @@ def test_what_cannot_be_honoured_is_a_400(proxy_url: str, extra: dict[str, Any],
         client.responses.create(model="m", input="Hi", extra_body=extra)
     body: Any = raised.value.body
     assert body["param"] == param
+
+
+def test_every_answer_validates_against_the_sdks_own_types(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    """Strict validation (not the SDK's lenient construction) of plain and streamed answers, with
+    reasoning, text and a call, and when max_output_tokens cuts the turn."""
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    events = TypeAdapter(ResponseStreamEvent)
+    text = "<think>\nHm.\n</think>\n\nSome text " + call_text("lookup", {"word": "a"})
+    for extra in ({}, {"max_output_tokens": 3}):
+        for stream in (False, True):
+            push(engine, qwen_tokenizer, text)
+            body = {"model": "m", "input": "x", "tools": TOOLS, "stream": stream, **extra}
+            url = f"{proxy_url}/sessions/typed/v1/responses"
+            if not stream:
+                Response.model_validate(httpx.post(url, json=body, timeout=30).json())
+                continue
+            with httpx.stream("POST", url, json=body, timeout=30) as answer:
+                for line in answer.iter_lines():
+                    if line.startswith("data: "):
+                        events.validate_python(json.loads(line[6:]))
+
+
+def test_instructions_are_not_carried_over_by_previous_response_id(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    """OpenAI's rule: the previous response's instructions are not in the next one's context."""
+    client = OpenAI(base_url=f"{proxy_url}/v1", api_key="unused", max_retries=0)
+    push(engine, qwen_tokenizer, "Arr.")
+    first = client.responses.create(model="m", input="hi", instructions="Talk like a pirate.")
+    push(engine, qwen_tokenizer, "Hello.")
+    second = client.responses.create(model="m", input="again", previous_response_id=first.id)
+    prompt = qwen_tokenizer.decode(engine.requests[-1]["input_ids"], skip_special_tokens=False)
+    assert "pirate" not in prompt
+    assert "hi<|im_end|>" in prompt
+    assert "Arr." in prompt
+    push(engine, qwen_tokenizer, "Aye.")
+    client.responses.create(
+        model="m", input="more", previous_response_id=second.id, instructions="Be a sailor."
+    )
+    prompt = qwen_tokenizer.decode(engine.requests[-1]["input_ids"], skip_special_tokens=False)
+    assert prompt.startswith("<|im_start|>system\nBe a sailor.<|im_end|>")
+    assert prompt.count("<|im_start|>system") == 1

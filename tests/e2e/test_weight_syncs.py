@@ -8,6 +8,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +207,14 @@ def test_a_stream_aborted_by_a_paused_sync_resumes_after_it(
     assert 3 <= held < len(first)
     assert vllm.requests[1]["token_ids"][-held:] == first[:held]
     assert message["content"] == qwen_tokenizer.decode([*first[:held], *ids])
+
+
+def test_paused_since_carries_its_zone(proxy_url: str) -> None:
+    """As every time the proxy returns (issue #15)."""
+    assert httpx.get(f"{proxy_url}/admin/state").json()["paused_since"] is None
+    before = datetime.now(UTC)
+    assert httpx.post(f"{proxy_url}/admin/pause", json={}).status_code == 200
+    since = datetime.fromisoformat(httpx.get(f"{proxy_url}/admin/state").json()["paused_since"])
+    assert since.utcoffset() == timedelta(0)
+    assert before - timedelta(seconds=1) <= since <= datetime.now(UTC)
+    assert httpx.post(f"{proxy_url}/admin/resume", json={}).status_code == 200

@@ -1,0 +1,41 @@
+"""Anthropic's error shape on /v1/messages keeps what every error of the proxy carries: the request
+id, Retry-After on a 429 or 503, the metrics of a refused turn."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ProxyFactory
+
+ANTHROPIC: dict[str, Any] = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_anthropic_errors_carry_the_request_id(proxy_url: str) -> None:
+    answer = httpx.post(
+        f"{proxy_url}/v1/messages", json={"model": "m"}, headers={"x-request-id": "req-17"}, timeout=30
+    )
+    assert answer.status_code == 400
+    assert answer.headers["x-request-id"] == "req-17"
+    body = answer.json()
+    assert body["request_id"] == "req-17"  # where Anthropic's API puts it
+    assert body["error"]["request_id"] == "req-17"  # where every envelope of this proxy has it
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_paused_anthropic_turn_is_a_429_with_retry_after(start_proxy: ProxyFactory, stream: bool) -> None:
+    with start_proxy(pause_mode="reject", retry_after_s=7) as url:
+        assert httpx.post(f"{url}/admin/pause", json={}).status_code == 200
+        answer = httpx.post(f"{url}/sessions/p/v1/messages", json={**ANTHROPIC, "stream": stream}, timeout=30)
+        assert answer.status_code == 429, answer.text
+        assert answer.headers["retry-after"] == "7"
+        assert answer.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_anthropic_refusals_are_counted_like_chats(proxy_url: str) -> None:
+    httpx.post(f"{proxy_url}/v1/messages", json={"model": "m"}, timeout=30)
+    metrics = httpx.get(f"{proxy_url}/metrics").text
+    assert 'tito_turns_total{dialect="anthropic",status="error"} 1.0' in metrics
+    assert 'tito_errors_total{code="invalid_value",status="400"} 1.0' in metrics

@@ -1,0 +1,190 @@
+"""Malformed Responses and Anthropic bodies: a 400 in the dialect's own error shape naming what is
+wrong, never a 500."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+USER = [{"role": "user", "content": "hi"}]
+ANTHROPIC: dict[str, Any] = {"model": "m", "max_tokens": 16, "messages": USER}
+RESPONSES: dict[str, Any] = {"model": "m", "input": "hi"}
+
+
+def _turns(*assistant: Any, result: Any = None) -> list[dict[str, Any]]:
+    """A user turn, an assistant turn of `assistant` blocks, then a user turn of `result` blocks."""
+    follow = result if result is not None else "next"
+    return [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": list(assistant)},
+        {"role": "user", "content": follow},
+    ]
+
+
+BAD_MESSAGES: list[tuple[str, dict[str, Any]]] = [
+    ("user content a number", {"messages": [{"role": "user", "content": 5}]}),
+    ("user content missing", {"messages": [{"role": "user"}]}),
+    ("text block without text", {"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+    ("text block text a number", {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}),
+    (
+        "assistant content a number",
+        {"messages": [USER[0], {"role": "assistant", "content": 5}, USER[0]]},
+    ),
+    ("assistant text a number", {"messages": _turns({"type": "text", "text": 5})}),
+    ("thinking a number", {"messages": _turns({"type": "thinking", "thinking": 5, "signature": "s"})}),
+    (
+        "tool_use without name",
+        {
+            "messages": _turns(
+                {"type": "tool_use", "id": "t1", "input": {}},
+                result=[{"type": "tool_result", "tool_use_id": "t1", "content": "r"}],
+            )
+        },
+    ),
+    (
+        "tool_use without id",
+        {"messages": _turns({"type": "tool_use", "name": "f", "input": {}})},
+    ),
+    (
+        "tool_use input not an object",
+        {
+            "messages": _turns(
+                {"type": "tool_use", "id": "t1", "name": "f", "input": "text"},
+                result=[{"type": "tool_result", "tool_use_id": "t1", "content": "r"}],
+            )
+        },
+    ),
+    (
+        "tool_result without tool_use_id",
+        {"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "r"}]}]},
+    ),
+    ("system a block list of numbers", {"system": [5]}),
+    ("tool without name", {"tools": [{"input_schema": {"type": "object"}}]}),
+    ("tool schema not an object", {"tools": [{"name": "f", "input_schema": 5}]}),
+    ("empty stop sequence", {"stop_sequences": [""]}),
+    ("output format not an object", {"output_config": {"format": "json"}}),
+    ("output effort a number", {"output_config": {"effort": 7}}),
+    ("context edits not a list", {"context_management": {"edits": "x"}}),
+    ("context edit not an object", {"context_management": {"edits": [5]}}),
+]
+
+
+@pytest.mark.parametrize(("name", "change"), BAD_MESSAGES, ids=[n for n, _ in BAD_MESSAGES])
+def test_a_malformed_messages_body_is_an_anthropic_400(
+    proxy_url: str, name: str, change: dict[str, Any]
+) -> None:
+    answer = httpx.post(f"{proxy_url}/sessions/bad/v1/messages", json={**ANTHROPIC, **change}, timeout=30)
+    assert answer.status_code == 400, (name, answer.text)
+    body = answer.json()
+    assert body["type"] == "error"
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"]
+
+
+@pytest.mark.parametrize(("name", "change"), BAD_MESSAGES[:4], ids=[n for n, _ in BAD_MESSAGES[:4]])
+def test_count_tokens_refuses_what_messages_refuses(
+    proxy_url: str, name: str, change: dict[str, Any]
+) -> None:
+    body = {"model": "m", "messages": USER, **change}
+    answer = httpx.post(f"{proxy_url}/v1/messages/count_tokens", json=body, timeout=30)
+    assert answer.status_code == 400, (name, answer.text)
+    assert answer.json()["error"]["type"] == "invalid_request_error"
+
+
+BAD_RESPONSES: list[tuple[str, dict[str, Any], str]] = [
+    ("text.format a string", {"text": {"format": "json"}}, "text.format"),
+    (
+        "namespace holding a number",
+        {"tools": [{"type": "namespace", "name": "ns", "tools": [5]}]},
+        "tools[0]",
+    ),
+    (
+        "function_call arguments an object",
+        {
+            "input": [
+                {"role": "user", "content": "hi"},
+                {"type": "function_call", "name": "f", "call_id": "c1", "arguments": {"a": 1}},
+                {"type": "function_call_output", "call_id": "c1", "output": "r"},
+            ]
+        },
+        "input[1].arguments",
+    ),
+    (
+        "function_call_output without call_id",
+        {"input": [{"role": "user", "content": "hi"}, {"type": "function_call_output", "output": "r"}]},
+        "input[1].call_id",
+    ),
+    ("reasoning effort a number", {"reasoning": {"effort": 5}}, "reasoning.effort"),
+]
+
+
+@pytest.mark.parametrize(("name", "change", "param"), BAD_RESPONSES, ids=[n for n, _, _ in BAD_RESPONSES])
+def test_a_malformed_responses_body_is_an_openai_400(
+    proxy_url: str, name: str, change: dict[str, Any], param: str
+) -> None:
+    answer = httpx.post(f"{proxy_url}/sessions/bad/v1/responses", json={**RESPONSES, **change}, timeout=30)
+    assert answer.status_code == 400, (name, answer.text)
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"max_output_tokens": 10**9}, "max_output_tokens"),
+        ({"input": "word " * 40_000}, "input"),
+        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
+    ],
+)
+def test_responses_errors_name_the_responses_field(
+    proxy_url: str, change: dict[str, Any], param: str
+) -> None:
+    """Errors the turn core raises in chat's terms name the field a Responses client sent."""
+    for stream in (False, True):
+        body = {**RESPONSES, **change, "stream": stream}
+        answer = httpx.post(f"{proxy_url}/sessions/names/v1/responses", json=body, timeout=30)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == param
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+DEEP = _nested(300)
+TOO_DEEP: list[tuple[str, str, dict[str, Any]]] = [
+    ("responses", "tool schema", {"tools": [{"type": "function", "name": "f", "parameters": DEEP}]}),
+    ("responses", "metadata", {"metadata": DEEP}),
+    ("responses", "client_metadata", {"client_metadata": DEEP}),
+    ("responses", "text schema", {"text": {"format": {"type": "json_schema", "name": "x", "schema": DEEP}}}),
+    ("responses", "reasoning", {"reasoning": {"effort": "low", "x": DEEP}}),
+    ("messages", "tool schema", {"tools": [{"name": "f", "input_schema": DEEP}]}),
+    ("messages", "metadata", {"metadata": DEEP}),
+    ("messages", "diagnostics", {"diagnostics": DEEP}),
+    ("messages", "thinking", {"thinking": {"type": "enabled", "x": DEEP}}),
+    ("messages", "output format", {"output_config": {"format": {"type": "json_schema", "schema": DEEP}}}),
+    ("messages/count_tokens", "tool schema", {"tools": [{"name": "f", "input_schema": DEEP}]}),
+]
+
+
+@pytest.mark.parametrize(("route", "name", "change"), TOO_DEEP, ids=[f"{r}:{n}" for r, n, _ in TOO_DEEP])
+def test_json_nested_too_deep_is_a_400_on_the_dialect_routes(
+    proxy_url: str, route: str, name: str, change: dict[str, Any]
+) -> None:
+    """As on chat (issue #12): past 128 levels a free-form value is refused where it enters."""
+    base = RESPONSES if route == "responses" else ANTHROPIC
+    if route.endswith("count_tokens"):
+        base = {"model": "m", "messages": USER}
+    answer = httpx.post(f"{proxy_url}/sessions/deep/v1/{route}", json={**base, **change}, timeout=30)
+    assert answer.status_code == 400, (name, answer.text)
+    if route == "responses":
+        assert answer.json()["error"]["code"] == "json_too_deep"
+    else:
+        assert answer.json()["error"]["type"] == "invalid_request_error"
+        assert "128" in answer.json()["error"]["message"]
