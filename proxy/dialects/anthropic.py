@@ -24,6 +24,7 @@ from proxy.dialects.anthropic_stream import message_events
 from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import answer_turn
 from proxy.errors import InvalidRequest, UnsupportedParameter
+from proxy.observe import context
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -59,13 +60,19 @@ class AnthropicRoute(HarnessRoute):
 
         async def in_anthropic_shape(request: Request) -> Response:
             try:
-                return await handler(request)
+                response = await handler(request)
             except Exception as exc:
                 answer = await _app_answer(request, exc)
                 error = json.loads(bytes(answer.body))["error"]
                 body = error_body(answer.status_code, error["message"], error.get("request_id"))
                 headers = {k: v for k, v in answer.headers.items() if k.lower() == "retry-after"}
-                return JSONResponse(body, status_code=answer.status_code, headers=headers)
+                response = JSONResponse(body, status_code=answer.status_code, headers=headers)
+            # Anthropic's API names its request in `request-id`, which its SDKs read into
+            # `_request_id` and an error's `request_id`; x-request-id is set as on every route.
+            rid = context.request_id.get()
+            if rid is not None:
+                response.headers["request-id"] = rid
+            return response
 
         return in_anthropic_shape
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anthropic
 import httpx
 import pytest
 
@@ -39,3 +40,21 @@ def test_anthropic_refusals_are_counted_like_chats(proxy_url: str) -> None:
     metrics = httpx.get(f"{proxy_url}/metrics").text
     assert 'tito_turns_total{dialect="anthropic",status="error"} 1.0' in metrics
     assert 'tito_errors_total{code="invalid_value",status="400"} 1.0' in metrics
+
+
+def test_the_anthropic_sdk_reads_the_request_id(proxy_url: str) -> None:
+    """Anthropic's SDK takes a request's id from the `request-id` header, answered or refused."""
+    client = anthropic.Anthropic(
+        base_url=f"{proxy_url}/sessions/rid",
+        api_key="unused",
+        max_retries=0,
+        default_headers={"x-request-id": "req-9"},
+    )
+    message = client.messages.create(**ANTHROPIC)
+    assert message._request_id == "req-9"
+    with client.messages.stream(**ANTHROPIC) as stream:
+        stream.get_final_message()
+        assert stream.response.headers["request-id"] == "req-9"
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model="m", max_tokens=16, messages=[])
+    assert refused.value.request_id == "req-9"
