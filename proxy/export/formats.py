@@ -216,13 +216,6 @@ def _holds_empty_struct(kind: Any) -> bool:
     return False
 
 
-async def metadata_type(metas: AsyncIterator[list[dict[str, Any]]]) -> MetadataType:
-    found = MetadataType()
-    async for page in metas:
-        found.add(page)
-    return found
-
-
 def _column(values: list[Any], kind: Any) -> Any:
     """One column of a row group; token columns go in as whole buffers, never value by value."""
     import pyarrow as pa

@@ -31,6 +31,7 @@ BUSY_TIMEOUT_MS = 30_000
 T = TypeVar("T")
 Calls = dict[str, dict[int, TokenCall]]
 Stored = dict[str, dict[int, bytes]]
+Metas = Callable[[list[dict[str, Any]]], None]
 
 
 def sqlite_file(url: str) -> str | None:
@@ -108,19 +109,46 @@ _LAST_SEQ_SQL = str(LAST_SEQ.compile(dialect=_DIALECT))
 _KEYS = [attr.key for attr in SessionRow.__mapper__.column_attrs]
 
 
-@functools.lru_cache(maxsize=8)
-def _page_query(ids: bool, groups: bool, consumer: bool) -> Compiled:
-    """The page query for filters of this shape, its lists bound as expanding parameters."""
-    # Selection's filters hold bind parameters here, compiled once (selection.py's filters take them).
+def _filters(ids: bool, groups: bool, consumer: bool) -> tuple[Selection, list[Any]]:
+    """A selection of this shape whose filters are bind parameters (selection.py's filters take
+    them), and the cursor, snapshot and page size marks: a page statement compiled once."""
     filters: dict[str, Any] = {
         "consumer": bindparam("consumer") if consumer else None,
         "session_ids": bindparam("session_ids", expanding=True) if ids else None,
         "group_ids": bindparam("group_ids", expanding=True) if groups else None,
     }
-    shape = Selection(**filters)
-    marks = [bindparam(name, type_=Integer) for name in ("after", "last_seq", "size")]
+    return Selection(**filters), [bindparam(name, type_=Integer) for name in ("after", "last_seq", "size")]
+
+
+@functools.lru_cache(maxsize=8)
+def _page_query(ids: bool, groups: bool, consumer: bool) -> Compiled:
+    """The page query for filters of this shape, its lists bound as expanding parameters."""
+    shape, marks = _filters(ids, groups, consumer)
     columns = [attr.columns[0] for attr in SessionRow.__mapper__.column_attrs]
     return Compiled(finished_query(shape, *marks, *columns), _DIALECT)
+
+
+@functools.lru_cache(maxsize=8)
+def _metas_query(ids: bool, groups: bool, consumer: bool) -> Compiled:
+    """The metadata of the sessions the page query gives, a page at a time (Parquet's first pass)."""
+    shape, marks = _filters(ids, groups, consumer)
+    return Compiled(finished_query(shape, *marks, SessionRow.meta), _DIALECT)
+
+
+# Sessions whose metadata is read at once by the metadata pass.
+METAS_PAGE = 256
+
+
+def _read_metas(db: sqlite3.Connection, values: dict[str, Any], query: Compiled, add: Metas) -> None:
+    """Every selected session's metadata, a page at a time, handed to `add` (memory stays bounded)."""
+    after = values["after"]
+    while True:
+        rows = query.rows(db, values | {"after": after, "size": METAS_PAGE})
+        if rows:
+            add([meta for _, meta in rows])
+        if len(rows) < METAS_PAGE:
+            return
+        after = int(rows[-1][0])
 
 
 @dataclass(frozen=True)
@@ -133,9 +161,10 @@ class Start:
     stored: Stored
 
 
-def _start(path: str, selection: Selection, size: int, drift_mode: str) -> Start:
+def _start(path: str, selection: Selection, size: int, drift_mode: str, metas: Metas | None) -> Start:
     ids, groups = selection.session_ids, selection.group_ids
-    query = _page_query(ids is not None, groups is not None, selection.consumer is not None)
+    shape = (ids is not None, groups is not None, selection.consumer is not None)
+    query = _page_query(*shape)
     values: dict[str, Any] = {"after": selection.after, "size": size, "consumer": selection.consumer}
     values |= {"session_ids": list(ids or ()), "group_ids": list(groups or ())}
     db = _connect(path)
@@ -145,14 +174,20 @@ def _start(path: str, selection: Selection, size: int, drift_mode: str) -> Start
         rows = query.rows(db, values | {"last_seq": last_seq})
         page: Page = [(int(row[0]), SessionRow(**dict(zip(_KEYS, row[1:], strict=True)))) for row in rows]
         calls, stored = _blobs(db, [session.id for _, session in page], drift_mode)
+        if metas is not None:
+            _read_metas(db, values | {"last_seq": last_seq}, _metas_query(*shape), metas)
     finally:
         db.close()
     return Start(last_seq, page, calls, stored)
 
 
-async def read_start(path: str, selection: Selection, size: int, drift_mode: str) -> Start:
+async def read_start(
+    path: str, selection: Selection, size: int, drift_mode: str, metas: Metas | None = None
+) -> Start:
     """The snapshot (the last finished sequence number now) and the first page of up to `size`
-    finished sessions `selection` gives (not whole groups), read in one transaction."""
+    finished sessions `selection` gives (not whole groups), read in one transaction; with `metas`,
+    every selected session's metadata handed to it page by page in that transaction too (a Parquet
+    export's first pass, which through SQLAlchemy cost more than the page it precedes)."""
     if selection.status != "finished" or selection.whole_groups:
         raise ValueError("read_start reads finished sessions, not whole groups")
-    return await _on_thread(functools.partial(_start, path, selection, size, drift_mode))
+    return await _on_thread(functools.partial(_start, path, selection, size, drift_mode, metas))
