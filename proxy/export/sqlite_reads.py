@@ -16,17 +16,12 @@ from sqlalchemy import Integer, bindparam
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import make_url
 
+from proxy.export.read_connections import READERS
 from proxy.store.database import database_error, is_database_failure
 from proxy.store.models import CallRow, SegmentSummaryRow, SessionRow
 from proxy.store.repository import TokenCall
 from proxy.store.selection import LAST_SEQ, Page, Selection, finished_query
 from proxy.store.turn_store import Compiled
-
-# SQLite reads the blobs from the mapped file instead of copying them page by page through its
-# cache (about half the read time). The map is the connection's, gone when it closes after the
-# page, so the proxy's resident memory does not grow with the database.
-MMAP_BYTES = 1 << 30
-BUSY_TIMEOUT_MS = 30_000
 
 T = TypeVar("T")
 Calls = dict[str, dict[int, TokenCall]]
@@ -45,17 +40,6 @@ def sqlite_file(url: str) -> str | None:
 
 def _marks(count: int) -> str:
     return ",".join("?" * count)
-
-
-def _connect(path: str) -> sqlite3.Connection:
-    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        db.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
-    except BaseException:
-        db.close()
-        raise
-    return db
 
 
 def _blobs(db: sqlite3.Connection, session_ids: Sequence[str], drift_mode: str) -> tuple[Calls, Stored]:
@@ -78,12 +62,8 @@ def _blobs(db: sqlite3.Connection, session_ids: Sequence[str], drift_mode: str) 
 
 
 def _read(path: str, session_ids: Sequence[str], drift_mode: str) -> tuple[Calls, Stored]:
-    db = _connect(path)
-    try:
-        db.execute("BEGIN")  # both reads see one snapshot, as the Repository's transaction does
+    with READERS.transaction(path) as db:  # both reads see one snapshot, as the Repository's do
         return _blobs(db, session_ids, drift_mode)
-    finally:
-        db.close()
 
 
 async def _on_thread(read: Callable[[], T]) -> T:
@@ -167,17 +147,13 @@ def _start(path: str, selection: Selection, size: int, drift_mode: str, metas: M
     query = _page_query(*shape)
     values: dict[str, Any] = {"after": selection.after, "size": size, "consumer": selection.consumer}
     values |= {"session_ids": list(ids or ()), "group_ids": list(groups or ())}
-    db = _connect(path)
-    try:
-        db.execute("BEGIN")  # the snapshot and the first page in one read transaction
+    with READERS.transaction(path) as db:  # the snapshot and the first page in one transaction
         last_seq = int(db.execute(_LAST_SEQ_SQL).fetchone()[0] or 0)
         rows = query.rows(db, values | {"last_seq": last_seq})
         page: Page = [(int(row[0]), SessionRow(**dict(zip(_KEYS, row[1:], strict=True)))) for row in rows]
         calls, stored = _blobs(db, [session.id for _, session in page], drift_mode)
         if metas is not None:
             _read_metas(db, values | {"last_seq": last_seq}, _metas_query(*shape), metas)
-    finally:
-        db.close()
     return Start(last_seq, page, calls, stored)
 
 
