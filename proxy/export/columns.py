@@ -73,6 +73,24 @@ def _repeated(item: bytes, count: int) -> Text:
     return memoryview(item * count)[:-1]
 
 
+# From this many runs on (a merged row has two per call), a mask's text is written in one buffer
+# rather than joined from a view per run.
+_MANY_RUNS = 8
+
+
+def _digit_list(runs: tuple[tuple[int, int], ...]) -> bytes:
+    """The JSON list of a 0/1 mask given as runs: a digit and a comma per value, made in one buffer."""
+    values = np.fromiter((value != 0 for value, _ in runs), dtype=np.uint8, count=len(runs))
+    counts = np.fromiter((count for _, count in runs), dtype=np.int64, count=len(runs))
+    total = int(counts.sum())
+    if not total:
+        return b"[]"
+    text = np.full(2 * total + 1, ord(","), dtype=np.uint8)
+    text[0], text[-1] = ord("["), ord("]")
+    text[1::2] = np.repeat(values + ord("0"), counts)
+    return text.tobytes()
+
+
 def _joined(parts: list[Text]) -> bytes:
     """A JSON list of these texts (each a comma-separated run of values; empty ones left out)."""
     out: list[Text] = [b"["]
@@ -118,6 +136,8 @@ class Mask:
     runs: tuple[tuple[int, int], ...]
 
     def json(self, encoder: Encoder) -> bytes:
+        if len(self.runs) >= _MANY_RUNS:
+            return _digit_list(self.runs)
         return _joined([_repeated(b"1," if v else b"0,", n) for v, n in self.runs])
 
     def parts(self) -> list[Text]:

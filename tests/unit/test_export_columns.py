@@ -38,7 +38,8 @@ def _blob(values: list[int]) -> bytes:
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(IDS, max_size=6),
-    st.lists(st.tuples(st.sampled_from([0, 1]), st.integers(min_value=0, max_value=5)), max_size=6),
+    # Up to 20 runs: a mask of many runs is written in one buffer, of a few from shared run texts.
+    st.lists(st.tuples(st.sampled_from([0, 1]), st.integers(min_value=0, max_value=5)), max_size=20),
     st.lists(st.one_of(st.integers(min_value=0, max_value=5), LOGPROBS), max_size=6),
     st.integers(min_value=0, max_value=4),
     st.floats(allow_nan=False, allow_infinity=False),
