@@ -261,7 +261,7 @@ def list_values(columns: Sequence[Column], value_type: Any) -> tuple[npt.NDArray
     masks = [column for column in columns if isinstance(column, Mask)]
     if masks and len(masks) == len(columns):
         return _mask_values(masks, value_type)
-    itemsize = np.dtype(value_type.to_pandas_dtype()).itemsize
+    itemsize = value_type.bit_width // 8
     parts: list[Text] = []
     bounds = [0]
     for column in columns:
