@@ -45,10 +45,13 @@ def _marks(count: int) -> str:
 def _blobs(db: sqlite3.Connection, session_ids: Sequence[str], drift_mode: str) -> tuple[Calls, Stored]:
     calls: Calls = {session_id: {} for session_id in session_ids}
     stored: Stored = {session_id: {} for session_id in session_ids}
+    # Ordered as the session_id index holds them (each session's calls by id): ordered by id alone,
+    # SQLite copied every row, blobs and all, through a sort first.
     for session_id, call_id, parent_id, added, output, logprobs, reward, experts in db.execute(
         f"SELECT session_id, id, parent_id, prompt_added, output_ids, output_logprobs, reward,"
         f" routed_experts FROM {CallRow.__tablename__}"
-        f" WHERE session_id IN ({_marks(len(session_ids))}) AND status = 'ok' ORDER BY id",
+        f" WHERE session_id IN ({_marks(len(session_ids))}) AND status = 'ok'"
+        " ORDER BY session_id, id",
         list(session_ids),
     ):
         calls[session_id][call_id] = TokenCall(call_id, parent_id, added, output, logprobs, reward, experts)
