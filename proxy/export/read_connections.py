@@ -8,6 +8,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 # SQLite reads the blobs from the mapped file instead of copying them page by page through its
 # cache (about half the read time). The map is on only while an export reads: it is dropped when
@@ -39,55 +40,61 @@ def _connect(path: str) -> sqlite3.Connection:
     return db
 
 
+@dataclass(frozen=True)
+class _Held:
+    path: str
+    # The file as it was when the connection opened it. The connection holds that file open, so no
+    # file created later at the path can have its inode: a different identity is a replaced file.
+    identity: Identity
+    db: sqlite3.Connection
+
+
 class ReadConnections:
     """At most KEEP idle connections, the most recently used last; one export uses one at a time."""
 
     def __init__(self) -> None:
-        self._idle: list[tuple[str, Identity, sqlite3.Connection]] = []
+        self._idle: list[_Held] = []
         self._lock = threading.Lock()
 
-    def _take(self, path: str) -> sqlite3.Connection:
-        identity = _identity(path)
-        stale: list[sqlite3.Connection] = []
-        taken = None
+    def _take(self, path: str) -> tuple[sqlite3.Connection, Identity | None]:
+        """An idle connection to the file now at `path` (those to a file since replaced are closed),
+        or a new one."""
+        current = _identity(path)
         with self._lock:
-            for index in range(len(self._idle) - 1, -1, -1):
-                held_path, held_identity, db = self._idle[index]
-                if held_path != path:
-                    continue
-                del self._idle[index]
-                if taken is None and identity is not None and held_identity == identity:
-                    taken = db
-                else:
-                    stale.append(db)
-        for db in stale:
-            db.close()
-        return taken if taken is not None else _connect(path)
+            stale = [held for held in self._idle if held.path == path and held.identity != current]
+            fresh = [held for held in self._idle if held.path == path and held.identity == current]
+            taken = fresh[-1] if fresh else None
+            self._idle = [held for held in self._idle if held not in stale and held is not taken]
+        for held in stale:
+            held.db.close()
+        if taken is not None:
+            return taken.db, taken.identity
+        db = _connect(path)
+        return db, _identity(path)
 
-    def _give(self, path: str, db: sqlite3.Connection) -> None:
-        identity = _identity(path)
+    def _give(self, path: str, db: sqlite3.Connection, identity: Identity | None) -> None:
         if identity is None:
             db.close()
             return
         with self._lock:
-            self._idle.append((path, identity, db))
+            self._idle.append(_Held(path, identity, db))
             evicted = self._idle[:-KEEP]
             del self._idle[:-KEEP]
-        for _, _, old in evicted:
-            old.close()
+        for held in evicted:
+            held.db.close()
 
     def close(self) -> None:
         """Close the idle connections (those in use close or come back idle as usual)."""
         with self._lock:
             idle, self._idle = self._idle, []
-        for _, _, db in idle:
-            db.close()
+        for held in idle:
+            held.db.close()
 
     @contextmanager
     def transaction(self, path: str) -> Iterator[sqlite3.Connection]:
         """A connection to `path` in a read transaction (one snapshot for all its reads), the file
         mapped; idle again afterwards, or closed if anything failed."""
-        db = self._take(path)
+        db, identity = self._take(path)
         try:
             db.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
             db.execute("BEGIN")
@@ -97,7 +104,7 @@ class ReadConnections:
         except BaseException:
             db.close()
             raise
-        self._give(path, db)
+        self._give(path, db, identity)
 
 
 READERS = ReadConnections()

@@ -77,3 +77,23 @@ def test_no_more_than_keep_idle_connections_over_all_files(readers: ReadConnecti
         with pytest.raises(sqlite3.ProgrammingError):  # closed when it fell out
             db.execute("SELECT 1")
     assert [_values(readers, path) for path in paths] == [[n] for n in range(KEEP + 3)]
+
+
+def test_exports_at_once_read_on_their_own_connections_and_both_are_kept(
+    readers: ReadConnections, tmp_path: Path
+) -> None:
+    path = _database(tmp_path / "a.db", 1)
+    with readers.transaction(path) as first, readers.transaction(path) as second:
+        assert first is not second
+    with readers.transaction(path) as again, readers.transaction(path) as other:
+        assert {id(again), id(other)} == {id(first), id(second)}
+
+
+def test_a_file_deleted_and_created_again_at_the_same_path_is_read_afresh(
+    readers: ReadConnections, tmp_path: Path
+) -> None:
+    path = _database(tmp_path / "a.db", 1)
+    assert _values(readers, path) == [1]
+    Path(path).unlink()
+    _database(tmp_path / "a.db", 5)
+    assert _values(readers, path) == [5]
