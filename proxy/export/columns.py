@@ -294,5 +294,5 @@ def _mask_values(masks: list[Mask], value_type: Any) -> tuple[npt.NDArray[np.int
     bounds = [0]
     for mask in masks:
         bounds.append(bounds[-1] + len(mask.runs))
-    flat = np.repeat(np.asarray(values, dtype=np.int8), counts)
+    flat = np.repeat((np.asarray(values) != 0).astype(np.int8), counts)  # as parts() writes them
     return _row_offsets(counts, bounds).astype(np.int32), pa.array(flat, type=value_type)
