@@ -18,9 +18,17 @@ from proxy.app_state import AppState
 from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
 from proxy.export.branches import BranchFilter
 from proxy.export.columns import as_lists
-from proxy.export.formats import jsonl, metadata_type, parquet_stream, require_pyarrow
+from proxy.export.formats import MetadataType, jsonl, parquet_stream, require_pyarrow
 from proxy.export.rows import merged_rows_of, stepwise_rows_of
-from proxy.export.sqlite_reads import Calls, Start, Stored, read_page, read_start, sqlite_file
+from proxy.export.sqlite_reads import (
+    METAS_PAGE,
+    Calls,
+    Start,
+    Stored,
+    read_page,
+    read_start,
+    sqlite_file,
+)
 from proxy.export.summaries import Summary, decode, fresh_summaries, leaves
 from proxy.observe.export_tally import ExportTally
 from proxy.store.models import FinishedRow, SessionRow
@@ -207,14 +215,18 @@ def _refuse_unknown(request: Request) -> None:
         )
 
 
-async def _snapshot(state: AppState, selection: Selection) -> tuple[Snapshot, Start | None]:
+async def _snapshot(
+    state: AppState, selection: Selection, metadata: MetadataType | None
+) -> tuple[Snapshot, Start | None]:
     """The export's snapshot; on a SQLite file, for finished sessions (not whole groups), read with
     the first page and its blobs in one transaction on the stdlib driver (the fixed cost of an
-    export through SQLAlchemy and aiosqlite was most of a small one's)."""
+    export through SQLAlchemy and aiosqlite was most of a small one's), and with it, for Parquet,
+    every selected session's metadata (`metadata`'s pass). Elsewhere `metadata` is left as it is."""
     now = utcnow()
     path = sqlite_file(state.settings.db)
     if path is not None and selection.status == "finished" and not selection.whole_groups:
-        start = await read_start(path, selection, PAGE_SESSIONS, state.settings.drift_report)
+        metas = None if metadata is None else metadata.add
+        start = await read_start(path, selection, PAGE_SESSIONS, state.settings.drift_report, metas)
         return Snapshot(start.last_seq, now), start
     async with state.db_sessions() as db:
         return await take_snapshot(db, now), None
@@ -255,20 +267,18 @@ async def export(
         _id_list(group_ids, "group_ids"),
         whole_groups,
     )
-    snapshot, start = await _snapshot(state, selection)
+    metadata = MetadataType() if format == "parquet" else None
+    snapshot, start = await _snapshot(state, selection, metadata)
     row_filter = RowFilter(mode, branches, min_weight_version, limit, whole_groups)
     # The first page is read before the status line goes out, so that a failing database is a 503.
     rest = export_pages(state, selection, snapshot, row_filter, start)
     tally = ExportTally(request.app.state.metrics, mode, format)
     pages = tally.rows_of(_chained(await anext(rest, None), rest))
-    if format == "parquet":
-
-        async def metas() -> AsyncIterator[list[dict[str, Any]]]:
+    if metadata is not None:
+        if start is None:
             # A first pass over the same sessions (no calls read) settles the metadata column's type.
-            async for page in selected_metas(state.db_sessions, selection, snapshot, 256):
-                yield page
-
-        metadata = await metadata_type(metas())
+            async for metas in selected_metas(state.db_sessions, selection, snapshot, METAS_PAGE):
+                metadata.add(metas)
         return StreamingResponse(
             tally.bytes_of(parquet_stream(mode, pages, metadata)), media_type="application/vnd.apache.parquet"
         )

@@ -60,14 +60,6 @@ def _as_exported(blob: bytes) -> npt.NDArray[np.float64]:
     return np.frombuffer(blob, dtype=_LOGPROBS).astype(np.float64)
 
 
-_ZERO_BYTES = bytes(1 << 20)
-
-
-def _zeros(count: int) -> Text:
-    """`count` zero bytes: a view of one shared buffer where it is long enough, no new allocation."""
-    return memoryview(_ZERO_BYTES)[:count] if count <= len(_ZERO_BYTES) else bytes(count)
-
-
 # Runs of one value (mask runs, 0.0 logprobs) are views of these texts where they are long enough:
 # a 64-turn row has over a hundred runs, and a new bytes object for each costs more than the copy.
 _RUNS = {item: item * 65536 for item in (b"0,", b"1,", b"0.0,")}
@@ -79,6 +71,24 @@ def _repeated(item: bytes, count: int) -> Text:
     if run is not None and 0 < count * len(item) <= len(run):
         return memoryview(run)[: count * len(item) - 1]
     return memoryview(item * count)[:-1]
+
+
+# From this many runs on (a merged row has two per call), a mask's text is written in one buffer
+# rather than joined from a view per run.
+_MANY_RUNS = 8
+
+
+def _digit_list(runs: tuple[tuple[int, int], ...]) -> bytes:
+    """The JSON list of a 0/1 mask given as runs: a digit and a comma per value, made in one buffer."""
+    values = np.fromiter((value != 0 for value, _ in runs), dtype=np.uint8, count=len(runs))
+    counts = np.fromiter((count for _, count in runs), dtype=np.int64, count=len(runs))
+    total = int(counts.sum())
+    if not total:
+        return b"[]"
+    text = np.full(2 * total + 1, ord(","), dtype=np.uint8)
+    text[0], text[-1] = ord("["), ord("]")
+    text[1::2] = np.repeat(values + ord("0"), counts)
+    return text.tobytes()
 
 
 def _joined(parts: list[Text]) -> bytes:
@@ -126,10 +136,12 @@ class Mask:
     runs: tuple[tuple[int, int], ...]
 
     def json(self, encoder: Encoder) -> bytes:
+        if len(self.runs) >= _MANY_RUNS:
+            return _digit_list(self.runs)
         return _joined([_repeated(b"1," if v else b"0,", n) for v, n in self.runs])
 
     def parts(self) -> list[Text]:
-        return [b"\x01" * n if v else _zeros(n) for v, n in self.runs]
+        return [b"\x01" * n if v else bytes(n) for v, n in self.runs]
 
     def raw(self) -> bytes:
         return b"".join(self.parts())
@@ -162,21 +174,20 @@ class Logprobs:
         """The JSON text of each blob, all encoded in one call, then cut at the commas."""
         blobs = [piece[1] for piece in self.pieces if not isinstance(piece, int)]
         text = memoryview(orjson.dumps(_as_exported(b"".join(blobs)), option=_NUMPY))
-        # A comma after every value but the last; a bracket before the first and after the last.
-        ends = [*(np.flatnonzero(np.frombuffer(text, dtype=np.uint8) == ord(",")).tolist()), len(text) - 1]
-        texts: list[Text] = []
-        start = 0
-        for blob in blobs:
-            count = len(blob) // _LOGPROBS.itemsize
-            texts.append(
-                text[ends[start - 1] + 1 if start else 1 : ends[start + count - 1]] if count else b""
-            )
-            start += count
-        return texts
+        # The separator before each value (the bracket before the first, a comma before the others),
+        # and the closing bracket: the values [s, e) are the text between separators s and e.
+        separators = np.flatnonzero(np.frombuffer(text, dtype=np.uint8) == ord(","))
+        separators = np.concatenate(([0], separators, [len(text) - 1]))
+        counts = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs)) // _LOGPROBS.itemsize
+        firsts = np.zeros(len(blobs) + 1, dtype=np.int64)
+        np.cumsum(counts, out=firsts[1:])
+        cuts: list[int] = separators[firsts].tolist()  # one Python int per blob, not per value
+        return [text[cuts[n] + 1 : cuts[n + 1]] if cuts[n + 1] > cuts[n] else b"" for n in range(len(blobs))]
 
     def parts(self) -> list[Text]:
-        # A run of 0.0 is that many all-zero float32s.
-        return [_zeros(_LOGPROBS.itemsize * p) if isinstance(p, int) else p[1] for p in self.pieces]
+        # A run of 0.0 is that many all-zero float32s: a new bytes object costs less than a view of a
+        # shared one (a memoryview is tracked by the garbage collector, bytes are not).
+        return [bytes(_LOGPROBS.itemsize * p) if isinstance(p, int) else p[1] for p in self.pieces]
 
     def raw(self) -> bytes:
         return b"".join(self.parts())
@@ -207,8 +218,11 @@ class TokenRewards:
         return [self.raw()]
 
     def raw(self) -> bytes:
-        with np.errstate(over="ignore"):  # a reward past float32's range is inf, as Arrow casts it
-            return np.asarray(self.values(), dtype=_LOGPROBS).tobytes()
+        values = np.zeros(self.length, dtype=_LOGPROBS)
+        if self.length:
+            with np.errstate(over="ignore"):  # a reward past float32's range is inf, as Arrow casts it
+                values[-1] = self.reward
+        return values.tobytes()
 
     def array(self) -> npt.NDArray[np.float32]:
         return np.frombuffer(self.raw(), dtype=_LOGPROBS)
@@ -239,13 +253,46 @@ def as_lists(row: dict[str, Any]) -> dict[str, Any]:
 
 def list_values(columns: Sequence[Column], value_type: Any) -> tuple[npt.NDArray[np.int32], Any]:
     """The offsets and the flat values of one list column over rows, as Arrow takes them: every
-    row's blobs joined once, straight into the buffer Arrow reads (each column's bytes are already
-    in the Arrow value type), with no copy per row."""
+    row's parts joined once, straight into the buffer Arrow reads (each column's bytes are already
+    in the Arrow value type), with no copy per row and no Python object per token. Each row's length
+    is read off the running sum of its parts' lengths, not counted row by row."""
     import pyarrow as pa
 
-    parts = [column.parts() for column in columns]
-    itemsize = np.dtype(value_type.to_pandas_dtype()).itemsize
-    offsets = np.zeros(len(parts) + 1, dtype=np.int32)
-    np.cumsum([sum(len(part) for part in row) // itemsize for row in parts], out=offsets[1:])
-    data = b"".join([part for row in parts for part in row])
-    return offsets, pa.Array.from_buffers(value_type, len(data) // itemsize, [None, pa.py_buffer(data)])
+    masks = [column for column in columns if isinstance(column, Mask)]
+    if masks and len(masks) == len(columns):
+        return _mask_values(masks, value_type)
+    itemsize = value_type.bit_width // 8
+    parts: list[Text] = []
+    bounds = [0]
+    for column in columns:
+        parts += column.parts()
+        bounds.append(len(parts))
+    data = b"".join(parts)
+    sizes = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+    offsets = _row_offsets(sizes, bounds) // itemsize
+    return offsets.astype(np.int32), pa.Array.from_buffers(
+        value_type, len(data) // itemsize, [None, pa.py_buffer(data)]
+    )
+
+
+def _row_offsets(sizes: npt.NDArray[np.int64], bounds: list[int]) -> npt.NDArray[np.int64]:
+    """Where each row starts (and the last ends) given its parts' sizes and each row's first part."""
+    ends = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=ends[1:])
+    offsets: npt.NDArray[np.int64] = ends[bounds]
+    return offsets
+
+
+def _mask_values(masks: list[Mask], value_type: Any) -> tuple[npt.NDArray[np.int32], Any]:
+    """A loss-mask column from its runs: one repeat over all rows' runs, no bytes per run."""
+    import pyarrow as pa
+
+    values = [value for mask in masks for value, _ in mask.runs]
+    counts = np.fromiter(
+        (count for mask in masks for _, count in mask.runs), dtype=np.int64, count=len(values)
+    )
+    bounds = [0]
+    for mask in masks:
+        bounds.append(bounds[-1] + len(mask.runs))
+    flat = np.repeat((np.asarray(values) != 0).astype(np.int8), counts)  # as parts() writes them
+    return _row_offsets(counts, bounds).astype(np.int32), pa.array(flat, type=value_type)

@@ -18,6 +18,7 @@ BOUNDARY_EDIT_FIELDS = ("kind", "position", "call_id", "token", "sampled", "rend
 TOKEN_COLUMNS = ("prompt_ids", "response_ids", "loss_mask", "rollout_logprobs", "token_rewards")
 # A Parquet row group is closed once it holds this many tokens (about 20 MB of Arrow buffers).
 ROW_GROUP_TOKENS = 2_000_000
+SINK_BUFFER = 1 << 20
 
 
 def _version_span_type() -> Any:
@@ -216,13 +217,6 @@ def _holds_empty_struct(kind: Any) -> bool:
     return False
 
 
-async def metadata_type(metas: AsyncIterator[list[dict[str, Any]]]) -> MetadataType:
-    found = MetadataType()
-    async for page in metas:
-        found.add(page)
-    return found
-
-
 def _column(values: list[Any], kind: Any) -> Any:
     """One column of a row group; token columns go in as whole buffers, never value by value."""
     import pyarrow as pa
@@ -299,14 +293,18 @@ async def parquet_stream(
     of mixed types); the metadata type is settled before the first row. Rows are written a row
     group at a time, each closed once it holds `row_group_tokens` tokens, so memory stays bounded
     whatever the number of rows."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     schema = _parquet_schema(mode, meta.arrow_type())
     sink = _Drain()
+    # A row group reaches the sink in ~130 writes (page headers, pages), each a call into Python
+    # taking the GIL back from the writer; buffered on Arrow's side they arrive as a few large ones.
+    stream = pa.BufferedOutputStream(pa.PythonFile(sink, mode="w"), buffer_size=SINK_BUFFER)
     # Dictionary pages and min/max statistics pay off for repeated strings, not for token columns
     # (most of the bytes, and most of the time writing them).
     others = [f.name for f in schema if f.name not in TOKEN_COLUMNS]
-    writer = pq.ParquetWriter(sink, schema, use_dictionary=others, write_statistics=others)
+    writer = pq.ParquetWriter(stream, schema, use_dictionary=others, write_statistics=others)
     held: list[dict[str, Any]] = []
     tokens = 0
     async for rows in pages:
@@ -315,8 +313,10 @@ async def parquet_stream(
         if held and tokens >= row_group_tokens:
             writer.write_table(_table(held, schema, meta), row_group_size=len(held))
             held, tokens = [], 0
+            stream.flush()
             yield sink.take()
     if held:
         writer.write_table(_table(held, schema, meta), row_group_size=len(held))
-    writer.close()
+    writer.close()  # the footer; the stream is ours to flush (the writer closes only what it opened)
+    stream.flush()
     yield sink.take()

@@ -16,21 +16,17 @@ from sqlalchemy import Integer, bindparam
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 from sqlalchemy.engine import make_url
 
+from proxy.export.read_connections import READERS
 from proxy.store.database import database_error, is_database_failure
 from proxy.store.models import CallRow, SegmentSummaryRow, SessionRow
 from proxy.store.repository import TokenCall
 from proxy.store.selection import LAST_SEQ, Page, Selection, finished_query
 from proxy.store.turn_store import Compiled
 
-# SQLite reads the blobs from the mapped file instead of copying them page by page through its
-# cache (about half the read time). The map is the connection's, gone when it closes after the
-# page, so the proxy's resident memory does not grow with the database.
-MMAP_BYTES = 1 << 30
-BUSY_TIMEOUT_MS = 30_000
-
 T = TypeVar("T")
 Calls = dict[str, dict[int, TokenCall]]
 Stored = dict[str, dict[int, bytes]]
+Metas = Callable[[list[dict[str, Any]]], None]
 
 
 def sqlite_file(url: str) -> str | None:
@@ -46,24 +42,16 @@ def _marks(count: int) -> str:
     return ",".join("?" * count)
 
 
-def _connect(path: str) -> sqlite3.Connection:
-    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        db.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
-    except BaseException:
-        db.close()
-        raise
-    return db
-
-
 def _blobs(db: sqlite3.Connection, session_ids: Sequence[str], drift_mode: str) -> tuple[Calls, Stored]:
     calls: Calls = {session_id: {} for session_id in session_ids}
     stored: Stored = {session_id: {} for session_id in session_ids}
+    # Ordered as the session_id index holds them (each session's calls by id): ordered by id alone,
+    # SQLite copied every row, blobs and all, through a sort first.
     for session_id, call_id, parent_id, added, output, logprobs, reward, experts in db.execute(
         f"SELECT session_id, id, parent_id, prompt_added, output_ids, output_logprobs, reward,"
         f" routed_experts FROM {CallRow.__tablename__}"
-        f" WHERE session_id IN ({_marks(len(session_ids))}) AND status = 'ok' ORDER BY id",
+        f" WHERE session_id IN ({_marks(len(session_ids))}) AND status = 'ok'"
+        " ORDER BY session_id, id",
         list(session_ids),
     ):
         calls[session_id][call_id] = TokenCall(call_id, parent_id, added, output, logprobs, reward, experts)
@@ -77,12 +65,8 @@ def _blobs(db: sqlite3.Connection, session_ids: Sequence[str], drift_mode: str) 
 
 
 def _read(path: str, session_ids: Sequence[str], drift_mode: str) -> tuple[Calls, Stored]:
-    db = _connect(path)
-    try:
-        db.execute("BEGIN")  # both reads see one snapshot, as the Repository's transaction does
+    with READERS.transaction(path) as db:  # both reads see one snapshot, as the Repository's do
         return _blobs(db, session_ids, drift_mode)
-    finally:
-        db.close()
 
 
 async def _on_thread(read: Callable[[], T]) -> T:
@@ -108,19 +92,46 @@ _LAST_SEQ_SQL = str(LAST_SEQ.compile(dialect=_DIALECT))
 _KEYS = [attr.key for attr in SessionRow.__mapper__.column_attrs]
 
 
-@functools.lru_cache(maxsize=8)
-def _page_query(ids: bool, groups: bool, consumer: bool) -> Compiled:
-    """The page query for filters of this shape, its lists bound as expanding parameters."""
-    # Selection's filters hold bind parameters here, compiled once (selection.py's filters take them).
+def _filters(ids: bool, groups: bool, consumer: bool) -> tuple[Selection, list[Any]]:
+    """A selection of this shape whose filters are bind parameters (selection.py's filters take
+    them), and the cursor, snapshot and page size marks: a page statement compiled once."""
     filters: dict[str, Any] = {
         "consumer": bindparam("consumer") if consumer else None,
         "session_ids": bindparam("session_ids", expanding=True) if ids else None,
         "group_ids": bindparam("group_ids", expanding=True) if groups else None,
     }
-    shape = Selection(**filters)
-    marks = [bindparam(name, type_=Integer) for name in ("after", "last_seq", "size")]
+    return Selection(**filters), [bindparam(name, type_=Integer) for name in ("after", "last_seq", "size")]
+
+
+@functools.lru_cache(maxsize=8)
+def _page_query(ids: bool, groups: bool, consumer: bool) -> Compiled:
+    """The page query for filters of this shape, its lists bound as expanding parameters."""
+    shape, marks = _filters(ids, groups, consumer)
     columns = [attr.columns[0] for attr in SessionRow.__mapper__.column_attrs]
     return Compiled(finished_query(shape, *marks, *columns), _DIALECT)
+
+
+@functools.lru_cache(maxsize=8)
+def _metas_query(ids: bool, groups: bool, consumer: bool) -> Compiled:
+    """The metadata of the sessions the page query gives, a page at a time (Parquet's first pass)."""
+    shape, marks = _filters(ids, groups, consumer)
+    return Compiled(finished_query(shape, *marks, SessionRow.meta), _DIALECT)
+
+
+# Sessions whose metadata is read at once by the metadata pass.
+METAS_PAGE = 256
+
+
+def _read_metas(db: sqlite3.Connection, values: dict[str, Any], query: Compiled, add: Metas) -> None:
+    """Every selected session's metadata, a page at a time, handed to `add` (memory stays bounded)."""
+    after = values["after"]
+    while True:
+        rows = query.rows(db, values | {"after": after, "size": METAS_PAGE})
+        if rows:
+            add([meta for _, meta in rows])
+        if len(rows) < METAS_PAGE:
+            return
+        after = int(rows[-1][0])
 
 
 @dataclass(frozen=True)
@@ -133,26 +144,29 @@ class Start:
     stored: Stored
 
 
-def _start(path: str, selection: Selection, size: int, drift_mode: str) -> Start:
+def _start(path: str, selection: Selection, size: int, drift_mode: str, metas: Metas | None) -> Start:
     ids, groups = selection.session_ids, selection.group_ids
-    query = _page_query(ids is not None, groups is not None, selection.consumer is not None)
+    shape = (ids is not None, groups is not None, selection.consumer is not None)
+    query = _page_query(*shape)
     values: dict[str, Any] = {"after": selection.after, "size": size, "consumer": selection.consumer}
     values |= {"session_ids": list(ids or ()), "group_ids": list(groups or ())}
-    db = _connect(path)
-    try:
-        db.execute("BEGIN")  # the snapshot and the first page in one read transaction
+    with READERS.transaction(path) as db:  # the snapshot and the first page in one transaction
         last_seq = int(db.execute(_LAST_SEQ_SQL).fetchone()[0] or 0)
         rows = query.rows(db, values | {"last_seq": last_seq})
         page: Page = [(int(row[0]), SessionRow(**dict(zip(_KEYS, row[1:], strict=True)))) for row in rows]
         calls, stored = _blobs(db, [session.id for _, session in page], drift_mode)
-    finally:
-        db.close()
+        if metas is not None:
+            _read_metas(db, values | {"last_seq": last_seq}, _metas_query(*shape), metas)
     return Start(last_seq, page, calls, stored)
 
 
-async def read_start(path: str, selection: Selection, size: int, drift_mode: str) -> Start:
+async def read_start(
+    path: str, selection: Selection, size: int, drift_mode: str, metas: Metas | None = None
+) -> Start:
     """The snapshot (the last finished sequence number now) and the first page of up to `size`
-    finished sessions `selection` gives (not whole groups), read in one transaction."""
+    finished sessions `selection` gives (not whole groups), read in one transaction; with `metas`,
+    every selected session's metadata handed to it page by page in that transaction too (a Parquet
+    export's first pass, which through SQLAlchemy cost more than the page it precedes)."""
     if selection.status != "finished" or selection.whole_groups:
         raise ValueError("read_start reads finished sessions, not whole groups")
-    return await _on_thread(functools.partial(_start, path, selection, size, drift_mode))
+    return await _on_thread(functools.partial(_start, path, selection, size, drift_mode, metas))

@@ -14,15 +14,17 @@ import httpx
 import numpy as np
 import orjson
 import pyarrow.parquet as pq
+import pytest
 from tokenizers import Tokenizer
 
 from proxy.api.export import PAGE_SESSIONS
 from proxy.client import TitoClient
+from proxy.export import sqlite_reads
 from proxy.export.sqlite_reads import read_page, read_start
 from proxy.store.database import create_engine, session_factory
 from proxy.store.models import SessionRow
 from proxy.store.repository import Repository, utcnow
-from proxy.store.selection import Selection, _finished, take_snapshot
+from proxy.store.selection import Selection, _finished, selected_metas, take_snapshot
 from tests.conftest import ProxyFactory
 from tests.fakes.sglang import FakeSGLang
 from tests.support import token_id
@@ -144,26 +146,32 @@ def _as_columns(session: SessionRow) -> dict[str, Any]:
 
 
 async def _through_sqlalchemy(db: Path, selection: Selection, size: int) -> tuple[Any, ...]:
-    """What the SQLAlchemy path reads for an export's start: snapshot, first page, blobs."""
+    """What the SQLAlchemy path reads for an export's start: snapshot, first page, blobs, and the
+    metadata of every selected session (Parquet's first pass)."""
     database = create_engine(f"sqlite:///{db}")
     try:
-        async with session_factory(database)() as session:
+        factory = session_factory(database)
+        async with factory() as session:
             snapshot = await take_snapshot(session, utcnow())
             page, _ = await _finished(session, selection, snapshot, selection.after, size)
             ids = [row.id for _, row in page]
             repo = Repository(session)
             blobs = (await repo.token_calls(ids), await repo.segment_summaries(ids, "strict"))
+        metas = [meta async for metas in selected_metas(factory, selection, snapshot, 256) for meta in metas]
     finally:
         await database.dispose()
-    return snapshot.last_seq, [(seq, _as_columns(row)) for seq, row in page], *blobs
+    return snapshot.last_seq, [(seq, _as_columns(row)) for seq, row in page], *blobs, metas
 
 
 def test_the_sqlite_export_start_reads_what_sqlalchemy_reads(
-    start_proxy: ProxyFactory, engine: FakeSGLang, tmp_path: Path
+    start_proxy: ProxyFactory, engine: FakeSGLang, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An export's snapshot and first page on a SQLite file (proxy.export.sqlite_reads.read_start:
     SQLAlchemy's statements run on the stdlib driver) are what the selection's queries read, the
-    sessions' columns converted alike (datetimes, JSON metadata), for every shape of filter."""
+    sessions' columns converted alike (datetimes, JSON metadata), for every shape of filter; so is
+    the metadata of every selected session, read in the same transaction page by page (pages of 2
+    here, so that a selection spans several)."""
+    monkeypatch.setattr(sqlite_reads, "METAS_PAGE", 2)
     db = tmp_path / "start.db"
     with start_proxy(db=db) as url, TitoClient(url) as client:
         for n in range(6):
@@ -186,17 +194,23 @@ def test_the_sqlite_export_start_reads_what_sqlalchemy_reads(
     for selection in selections:
         for size in (2, 16):
             expected = asyncio.run(_through_sqlalchemy(db, selection, size))
-            start = asyncio.run(read_start(str(db), selection, size, "strict"))
+            metas: list[dict[str, Any]] = []
+            start = asyncio.run(read_start(str(db), selection, size, "strict", metas.extend))
             got = (
                 start.last_seq,
                 [(seq, _as_columns(row)) for seq, row in start.page],
                 start.calls,
                 start.stored,
+                metas,
             )
             assert got == expected, (selection, size)
     assert [row["id"] for _, row in expected[1]] == ["s3", "s5"]  # the last shape: s1 acked, s4 active
     assert all(expected[2].values())
     assert all(expected[3].values())
+    assert expected[4] == [
+        {"n": "s3", "nested": {"at": [1, 2.5, None]}},
+        {"n": "s5", "nested": {"at": [1, 2.5, None]}},
+    ]
 
 
 def test_a_multi_page_export_delivers_every_session_once_in_order(

@@ -15,7 +15,16 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.export.columns import Encoder, Ids, Logprobs, Mask, TokenRewards, as_json_row, as_lists
+from proxy.export.columns import (
+    Encoder,
+    Ids,
+    Logprobs,
+    Mask,
+    TokenRewards,
+    as_json_row,
+    as_lists,
+    list_values,
+)
 from proxy.export.formats import MetadataType, parquet_stream
 
 IDS = st.lists(st.integers(min_value=0, max_value=2**31 - 1), max_size=8)
@@ -29,7 +38,8 @@ def _blob(values: list[int]) -> bytes:
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(IDS, max_size=6),
-    st.lists(st.tuples(st.sampled_from([0, 1]), st.integers(min_value=0, max_value=5)), max_size=6),
+    # Up to 20 runs: a mask of many runs is written in one buffer, of a few from shared run texts.
+    st.lists(st.tuples(st.sampled_from([0, 1]), st.integers(min_value=0, max_value=5)), max_size=20),
     st.lists(st.one_of(st.integers(min_value=0, max_value=5), LOGPROBS), max_size=6),
     st.integers(min_value=0, max_value=4),
     st.floats(allow_nan=False, allow_infinity=False),
@@ -132,3 +142,45 @@ def test_metadata_holding_an_empty_object_anywhere_is_written_as_json_text() -> 
     assert [orjson.loads(value["nested"]) for value in read] == [{"inner": {}}, {"inner": {}}]
     assert [value["kept"] for value in read] == [{"a": 1}, {"a": 2}]
     assert [value["plain"] for value in read] == [1.0, 2.0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(IDS, max_size=4), max_size=5),
+    st.lists(
+        st.lists(st.tuples(st.sampled_from([0, 1]), st.integers(min_value=0, max_value=5)), max_size=4),
+        max_size=5,
+    ),
+    st.lists(st.lists(st.one_of(st.integers(min_value=0, max_value=5), LOGPROBS), max_size=4), max_size=5),
+    st.lists(st.tuples(st.integers(min_value=0, max_value=4), st.floats(allow_nan=False)), max_size=5),
+)
+def test_a_token_column_over_rows_is_the_arrow_list_of_their_values(
+    ids: list[list[list[int]]],
+    masks: list[list[tuple[int, int]]],
+    logprobs: list[list[int | list[float]]],
+    rewards: list[tuple[int, float]],
+) -> None:
+    """A row group's token column (offsets and flat values built from the rows' blobs and runs at
+    once) is the Arrow list array the rows' Python lists convert to, empty rows included."""
+    columns: list[tuple[list[Any], Any]] = [
+        ([Ids(tuple((n, _blob(p)) for n, p in enumerate(row))) for row in ids], pa.list_(pa.int32())),
+        ([Mask(tuple(row)) for row in masks], pa.list_(pa.int8())),
+        (
+            [
+                Logprobs(
+                    tuple(
+                        p if isinstance(p, int) else (n, np.asarray(p, dtype="<f4").tobytes())
+                        for n, p in enumerate(row)
+                    )
+                )
+                for row in logprobs
+            ],
+            pa.list_(pa.float32()),
+        ),
+        ([TokenRewards(size, reward) for size, reward in rewards], pa.list_(pa.float32())),
+    ]
+    for values, kind in columns:
+        offsets, flat = list_values(values, kind.value_type)
+        built = pa.ListArray.from_arrays(pa.array(offsets), flat, type=kind)
+        expected = pa.array([as_lists({"c": value})["c"] for value in values], type=kind)
+        assert built.equals(expected), kind
