@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from proxy.chat.messages import CallsOnlyContent, Message, for_template
+from proxy.chat.piece_cache import PieceCache
 from proxy.chat.probe import TemplateProbe, TemplateVerdict
 from proxy.chat.short_context import ShortContext
 from proxy.chat.template import ChatTemplate
@@ -89,6 +90,8 @@ class Renderer:
         self.files = files
         self.tokenizer = files.tokenizer
         self.template = ChatTemplate(files.chat_template, files.special_tokens)
+        # Decided from the tokenizer alone, so that the probe's encodes already take it.
+        self.pieces = PieceCache(self.tokenizer, large_chars=LARGE_TEXT_CHARS)
         decoder = self.tokenizer.get_added_tokens_decoder()
         self.special_ids = frozenset(int(i) for i, token in decoder.items() if token.special)
         self._special_texts = sorted(
@@ -109,7 +112,9 @@ class Renderer:
         self.verdict: TemplateVerdict = TemplateProbe(self).run()
         self._splitting_closes = self._closes_split_at()
         self.short_context = ShortContext(self, FIXED_BASE)
-        self.verdict = replace(self.verdict, short_delta=self.short_context.as_json())
+        self.verdict = replace(
+            self.verdict, short_delta=self.short_context.as_json(), encode_cache=self.pieces.as_json()
+        )
         # Fixed for the process: derived once, read on every turn.
         self.close_token_ids = self._ids_of(self.verdict.close_tokens)
         # What the engine must stop on: the tokens that end a sampled turn, and EOS.
@@ -124,8 +129,11 @@ class Renderer:
     def encode(self, text: str, *, at_most: int | None = None, special: bool = False) -> list[int]:
         """The ids of `text` (`special`: with the tokenizer's own BOS/EOS); PromptTooLong past `at_most`
         ids (checked on large texts, whose ids would hold the GIL long to build: a 10 MB message has
-        ~5M)."""
+        ~5M). Without `special`, from the cache of chunks where proven exact (proxy/chat/piece_cache.py)."""
+        by_pieces = self.pieces.proven and not special
         if len(text) < LARGE_TEXT_CHARS:
+            if by_pieces:
+                return self.pieces.encode(text)
             return list(self.tokenizer.encode(text, add_special_tokens=special).ids)
         if at_most is not None and len(text) > _PROBE_CHARS_PER_TOKEN * at_most:
             # Freeing an encoding takes the GIL for ~0.5 us per token (~0.8 s for a 10 MB message), so
@@ -134,10 +142,19 @@ class Renderer:
             prefix = self._encoding(text[: _PROBE_CHARS_PER_TOKEN * at_most], special)
             if len(prefix) > _PROBE_MARGIN * at_most:
                 raise PromptTooLong(len(prefix))
+        if by_pieces:
+            ids = self.pieces.encode(text)
+            if at_most is not None and len(ids) > at_most:
+                raise PromptTooLong(len(ids))
+            return ids
         encoding = self._encoding(text, special)
         if at_most is not None and len(encoding) > at_most:
             raise PromptTooLong(len(encoding))
         return list(encoding.ids)
+
+    def plain_encode(self, text: str) -> list[int]:
+        """The tokenizer's own encode of `text`, without the chunk cache: what start-up proofs compare."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def _encoding(self, text: str, special: bool) -> Any:
         # encode_batch releases the GIL while it works; encode does not.
@@ -425,9 +442,9 @@ class Renderer:
         return close in self._splitting_closes
 
     def _same_after(self, close: str, close_id: int, before: str, after: str) -> bool:
-        whole = self.encode(before + close + after)
-        head = self.encode(before + close)
-        from_close = self.encode(close + after)
+        whole = self.plain_encode(before + close + after)
+        head = self.plain_encode(before + close)
+        from_close = self.plain_encode(close + after)
         return from_close[:1] == [close_id] and whole == head + from_close[1:]
 
     def _close_tokens(self) -> tuple[str, ...]:
