@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
+from proxy.chat.first_prompts import FirstPrompts
 from proxy.chat.messages import CallsOnlyContent, Message, for_template
 from proxy.chat.piece_cache import PieceCache
 from proxy.chat.probe import TemplateProbe, TemplateVerdict
@@ -92,6 +93,7 @@ class Renderer:
         self.template = ChatTemplate(files.chat_template, files.special_tokens)
         # Decided from the tokenizer alone, so that the probe's encodes already take it.
         self.pieces = PieceCache(self.tokenizer, large_chars=LARGE_TEXT_CHARS)
+        self.first_prompts = FirstPrompts(pure=self.template.pure, reads_date=self.template.reads_date)
         decoder = self.tokenizer.get_added_tokens_decoder()
         self.special_ids = frozenset(int(i) for i, token in decoder.items() if token.special)
         self._special_texts = sorted(
@@ -213,14 +215,27 @@ class Renderer:
         add_generation_prompt: bool = True,
         max_tokens: int | None = None,
     ) -> list[int]:
-        """The full render of a conversation: a new segment's first prompt (at most `max_tokens`)."""
-        text = self.render_text(
+        """The full render of a conversation: a new segment's first prompt (at most `max_tokens`).
+        The same first prompt (every rollout of a task) is rendered once (proxy/chat/first_prompts.py)."""
+        key = self.first_prompts.key(
             messages,
             tools=tools,
-            add_generation_prompt=add_generation_prompt,
             template_kwargs=template_kwargs,
+            add_generation_prompt=add_generation_prompt,
             now=now,
+            shape=(self.arguments_as, self.calls_only_content),
         )
+        text = None if key is None else self.first_prompts.get(key)
+        if text is None:
+            text = self.render_text(
+                messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                template_kwargs=template_kwargs,
+                now=now,
+            )
+            if key is not None:
+                self.first_prompts.put(key, text)
         return self.encode(text, at_most=max_tokens)
 
     def _render_with_stub(

@@ -158,6 +158,10 @@ class ChatTemplate:
         self._ast = env.parse(source)
         self._compiled = env.from_string(self._ast)
         self._globals = frozenset(env.globals)
+        # Jinja's only sources of randomness: the `random` filter and the `lipsum` global.
+        filters = {node.name for node in self._ast.find_all(jinja2.nodes.Filter)}
+        names = {node.name for node in self._ast.find_all(jinja2.nodes.Name)}
+        self.pure = "random" not in filters and "lipsum" not in names
 
     def optional_variables(self) -> frozenset[str]:
         """The names the template reads that nothing but a caller's chat_template_kwargs sets
