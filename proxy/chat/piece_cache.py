@@ -67,7 +67,8 @@ class PieceCache:
         self._tokenizer = tokenizer
         self._large_chars = large_chars
         self.max_ids, self.max_chars = max_ids, max_chars
-        self._chunks: OrderedDict[str, list[int]] = OrderedDict()
+        # Tuples: the garbage collector stops tracking a tuple of ints, so a full cache costs it nothing.
+        self._chunks: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._ids = 0
         self._chars = 0
         self._lock = threading.Lock()
@@ -122,8 +123,8 @@ class PieceCache:
         if sum(map(len, chunks)) >= self._large_chars:
             # encode_batch releases the GIL while it works; encode does not.
             encodings = self._tokenizer.encode_batch(list(chunks), add_special_tokens=False)
-            return [list(e.ids) for e in encodings]
-        return [list(self._tokenizer.encode(chunk, add_special_tokens=False).ids) for chunk in chunks]
+            return [e.ids for e in encodings]
+        return [self._tokenizer.encode(chunk, add_special_tokens=False).ids for chunk in chunks]
 
     def _keep(self, chunks: Sequence[str], ids: Sequence[list[int]]) -> None:
         with self._lock:
@@ -136,7 +137,7 @@ class PieceCache:
                     oldest, oldest_ids = self._chunks.popitem(last=False)
                     self._ids -= len(oldest_ids)
                     self._chars -= len(oldest)
-                self._chunks[chunk] = chunk_ids
+                self._chunks[chunk] = tuple(chunk_ids)
                 self._ids += len(chunk_ids)
                 self._chars += len(chunk)
 

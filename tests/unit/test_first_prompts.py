@@ -1,9 +1,11 @@
 """A first prompt sent again is rendered once (proxy/chat/first_prompts.py): the same ids as a fresh
 render, keys that tell apart every input a template could tell apart, the date in the key only where
-the template reads it, no cache for a template that draws random values, and bounded memory."""
+the template reads it, no cache for a template that draws random values, and bounded memory. The
+templates' tojson keeps its dumps the same way (proxy/chat/tojson.py)."""
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime
 from pathlib import Path
@@ -14,6 +16,7 @@ import pytest
 from proxy.chat.first_prompts import FirstPrompts
 from proxy.chat.renderer import Renderer
 from proxy.chat.template import ChatTemplate
+from proxy.chat.tojson import CachedToJson
 from proxy.chat.tokenizer import load_tokenizer_files
 
 DUMP = "{{ messages | tojson }}|{{ tools | tojson }}|{{ flag | tojson }}|{{ add_generation_prompt }}"
@@ -125,3 +128,38 @@ def test_the_cache_is_bounded_by_entries_and_characters() -> None:
     assert large is not None
     memo.put(large, "x" * 5_000)
     assert memo.get(large) is None, "an entry over an eighth of the bound is not kept"
+
+
+def test_cached_tojson_dumps_as_json_dumps_does_and_tells_values_apart() -> None:
+    dumps = CachedToJson()
+    values: list[Any] = [
+        *(v["flag"] for v in VARIANTS),
+        [1, 1.0, True, None, math.nan, "é", {"k": [math.inf, -0.0]}],
+        {"a": "é 漢字", "b": {"c": [1, 2.5]}},
+        {1: "int key"},
+        {True: "bool key"},
+        {"1": "str key"},
+    ]
+    for _ in range(2):  # cold, then from the cache
+        for value in values:
+            for options in (
+                {},
+                {"ensure_ascii": True},
+                {"indent": 2},
+                {"sort_keys": True},
+                {"separators": (",", ":")},
+            ):
+                assert dumps(value, **options) == json.dumps(value, **{"ensure_ascii": False, **options})
+    assert dumps.cached()[0] > 0
+
+
+def test_cached_tojson_is_bounded() -> None:
+    dumps = CachedToJson(max_entries=20, max_chars=10_000)
+    for n in range(300):
+        assert dumps({"n": n, "text": "x" * 100}) == json.dumps({"n": n, "text": "x" * 100})
+        entries, chars = dumps.cached()
+        assert entries <= 20
+        assert chars <= 10_000
+    large = {"text": "x" * 2_000}
+    assert dumps(large) == json.dumps(large)
+    assert dumps.cached()[0] <= 20
