@@ -46,9 +46,12 @@ class FirstPrompts:
         shape: tuple[str, ...],
     ) -> bytes | None:
         """The render's inputs as bytes (`shape`: how the renderer passes calls), or None when the
-        render may differ on equal inputs or its inputs do not pickle."""
+        render may differ on equal inputs, its inputs do not pickle, or it is no first prompt: a
+        history rendered afresh holds assistant turns, and is seldom sent twice."""
         if not self._pure or (self._reads_date and now is None):
             return None  # an unpinned date is read from the clock
+        if any(message.get("role") == "assistant" for message in messages):
+            return None
         inputs = (messages, tools, template_kwargs, add_generation_prompt, now if self._reads_date else None)
         try:
             return pickle.dumps((shape, inputs), protocol=pickle.HIGHEST_PROTOCOL)

@@ -47,6 +47,10 @@ def test_a_repeated_first_prompt_is_rendered_once_to_the_same_ids(qwen_dir: Path
     assert first == again == renderer.plain_encode(text)
     other = renderer.render_prompt(messages, tools=None, template_kwargs=None, now=now)
     assert other != first
+    history = [*messages, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "More."}]
+    entries, _ = renderer.first_prompts.cached()
+    renderer.render_prompt(history, tools=TOOLS, template_kwargs=None, now=now)
+    assert renderer.first_prompts.cached()[0] == entries, "a history rendered afresh is not kept"
 
 
 # Pairs of inputs a template renders differently: each must have its own key.
@@ -130,6 +134,11 @@ def test_the_cache_is_bounded_by_entries_and_characters() -> None:
     assert memo.get(large) is None, "an entry over an eighth of the bound is not kept"
 
 
+def _with_ascii_default(options: dict[str, Any]) -> dict[str, Any]:
+    """json.dumps' arguments as the filter's defaults give them (ensure_ascii off, as transformers)."""
+    return {"ensure_ascii": False, **options}
+
+
 def test_cached_tojson_dumps_as_json_dumps_does_and_tells_values_apart() -> None:
     dumps = CachedToJson()
     values: list[Any] = [
@@ -142,6 +151,7 @@ def test_cached_tojson_dumps_as_json_dumps_does_and_tells_values_apart() -> None
     ]
     for _ in range(2):  # cold, then from the cache
         for value in values:
+            options: dict[str, Any]
             for options in (
                 {},
                 {"ensure_ascii": True},
@@ -149,7 +159,7 @@ def test_cached_tojson_dumps_as_json_dumps_does_and_tells_values_apart() -> None
                 {"sort_keys": True},
                 {"separators": (",", ":")},
             ):
-                assert dumps(value, **options) == json.dumps(value, **{"ensure_ascii": False, **options})
+                assert dumps(value, **options) == json.dumps(value, **_with_ascii_default(options))
     assert dumps.cached()[0] > 0
 
 
