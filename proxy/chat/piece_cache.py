@@ -72,13 +72,10 @@ class PieceCache:
         self._ids = 0
         self._chars = 0
         self._lock = threading.Lock()
-        added = {str(t.content): t for t in tokenizer.get_added_tokens_decoder().values()}
-        cut_at = sorted(
-            (text for text, t in added.items() if not t.normalized and text), key=len, reverse=True
-        )
-        # Longest first: at one position Python's alternation takes the first that matches, which is
-        # then the longest, as the tokenizer's leftmost-longest matcher does.
-        self._cuts = re.compile("(" + "|".join(map(re.escape, cut_at)) + ")") if cut_at else None
+        decoder = tokenizer.get_added_tokens_decoder()
+        added = {str(decoder[i].content): decoder[i] for i in sorted(decoder)}
+        cut_at = [text for text, t in added.items() if not t.normalized and text]
+        self._cuts = re.compile("(" + _trie_pattern(cut_at) + ")") if cut_at else None
         self.split_tokens = len(cut_at)
         self.reason = _refusal(tokenizer, added) or self._self_check(list(added))
         self.proven = self.reason is None
@@ -180,14 +177,47 @@ def _refusal(tokenizer: Tokenizer, added: dict[str, Any]) -> str | None:
     return None
 
 
+def _trie_pattern(tokens: Sequence[str]) -> str:
+    """A regex matching the longest of `tokens` at a position, as the tokenizer's leftmost-longest
+    matcher does: a trie, so that thousands of added tokens (Gemma's) cost a walk, not a scan each.
+    At a node that ends a token, the longer continuation is tried first (a greedy `?`)."""
+    trie: dict[str, Any] = {}
+    for token in tokens:
+        node = trie
+        for char in token:
+            node = node.setdefault(char, {})
+        node[""] = {}  # a token ends here
+
+    def pattern(node: dict[str, Any]) -> str:
+        branches = [re.escape(char) + pattern(child) for char, child in node.items() if char]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        return f"(?:{body})?" if "" in node else body
+
+    return pattern(trie)
+
+
+# Tokens per self-check text, and how many (the first by id: a chat format's own) are checked in
+# every surrounding; all others in a few. One text per token would cost seconds with thousands of them.
+_TOKENS_PER_CHECK = 16
+_THOROUGH = 256
+
+
 def _check_texts(added: Sequence[str]) -> list[str]:
-    """Texts holding every added token in every surrounding, next to another token, after a partial
-    copy of itself, at the very start and end; and plain texts without any."""
-    plain = ["", " leading space", "plain text, no token", "données 漢字 🙂\n\n\t 12"]
-    texts = list(plain)
-    for n, token in enumerate(added):
-        other = added[(n + 1) % len(added)]
-        around = "".join(before + token + after for before, after in _SURROUNDINGS)
-        texts.append(token + around + token + other + token[:-1] + token + " " + token)
-        texts.append(" " + token + "\n" + other + " tail")
+    """Texts holding every added token next to another, after a partial copy of itself, at the
+    very start and end, and the first _THOROUGH in every surrounding; and plain texts without any."""
+    texts = ["", " leading space", "plain text, no token", "données 漢字 🙂\n\n\t 12"]
+    for start in range(0, len(added), _TOKENS_PER_CHECK):
+        parts, short = [], []
+        for n, token in enumerate(added[start : start + _TOKENS_PER_CHECK], start=start):
+            other = added[(n + 1) % len(added)]
+            short.append(" " + token + "\n" + other + token[:-1] + token + "x " + token)
+            if n < _THOROUGH:
+                around = "".join(before + token + after for before, after in _SURROUNDINGS)
+                parts.append(token + around + token + other + token[:-1] + token + " " + token)
+        texts.append(short[0])  # one at the very start of a text
+        texts.append("tail".join(short))
+        if parts:
+            texts.append("".join(parts))
     return texts

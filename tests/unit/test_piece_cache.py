@@ -216,3 +216,19 @@ def test_large_texts_from_the_cache_keep_the_prompt_limit(qwen_dir: Path) -> Non
         with pytest.raises(PromptTooLong) as refused:
             renderer.encode(text, at_most=tokens - 1)
         assert refused.value.tokens == tokens
+
+
+def test_overlapping_added_tokens_are_cut_where_the_tokenizer_cuts(qwen_dir: Path) -> None:
+    """The longest token at the leftmost position, as the tokenizer's matcher takes it."""
+    tokenizer = Tokenizer.from_file(str(qwen_dir / "tokenizer.json"))
+    overlapping = ["<x", "<x>", "<x>>", "x>", "<<x", "<|im", "im_end|>\n", "[A][B]", "[A]", "[B]"]
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in overlapping])
+    tokenizer.add_special_tokens(
+        [AddedToken(f"<unused{n}>", special=True, normalized=False) for n in range(300)]
+    )
+    cache = PieceCache(tokenizer)
+    assert cache.proven, cache.reason
+    _check_equal(cache, tokenizer, _random_texts(tokenizer, 300, seed=7))
+    _check_equal(
+        cache, tokenizer, ["<<x>>", "<x>x>", "[A][B][A]", "<|im_end|>\n<|im", "<unused29><unused299>"]
+    )
