@@ -27,7 +27,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-# The cache's bounds: ids (a list of Python ints, ~36 bytes each) and the chunks' characters.
+# The cache's bounds: ids (Python ints in tuples, ~36 bytes each) and the chunks' characters.
 MAX_IDS = 512 * 1024
 MAX_CHARS = 4 * 1024 * 1024
 # A chunk larger than this share of a bound is encoded but not kept (a one-off large tool result).
@@ -48,6 +48,14 @@ _SURROUNDINGS = (
     ("it", "'s"),
     ("\n\n", "!"),
 )
+
+
+class PromptTooLong(Exception):
+    """A render holds more ids than a prompt can: found from the count, before the ids are built."""
+
+    def __init__(self, tokens: int) -> None:
+        super().__init__(f"{tokens} tokens")
+        self.tokens = tokens
 
 
 class PieceCache:
@@ -75,9 +83,14 @@ class PieceCache:
         decoder = tokenizer.get_added_tokens_decoder()
         added = {str(decoder[i].content): decoder[i] for i in sorted(decoder)}
         cut_at = [text for text, t in added.items() if not t.normalized and text]
-        self._cuts = re.compile("(" + _trie_pattern(cut_at) + ")") if cut_at else None
         self.split_tokens = len(cut_at)
-        self.reason = _refusal(tokenizer, added) or self._self_check(list(added))
+        self.reason: str | None
+        try:
+            self._cuts = re.compile("(" + _trie_pattern(cut_at) + ")") if cut_at else None
+        except (re.error, RecursionError):
+            self._cuts, self.reason = None, "the added tokens do not compile into one pattern"
+        else:
+            self.reason = _refusal(tokenizer, added) or self._self_check(list(added))
         self.proven = self.reason is None
 
     def as_json(self) -> dict[str, Any]:
@@ -98,8 +111,9 @@ class PieceCache:
         head = [parts[0]] if parts[0] else []
         return head + list(map(operator.add, parts[1::2], parts[2::2]))
 
-    def encode(self, text: str) -> list[int]:
-        """The ids of `text`, chunk by chunk; chunks not cached are encoded, then kept if not too large."""
+    def encode(self, text: str, *, at_most: int | None = None) -> list[int]:
+        """The ids of `text`, chunk by chunk; chunks not cached are encoded, then kept if not too large.
+        PromptTooLong past `at_most` ids, counted before the ids of large chunks are built."""
         chunks = self.chunks(text)
         with self._lock:
             found = [self._chunks.get(chunk) for chunk in chunks]
@@ -107,19 +121,28 @@ class PieceCache:
                 if ids is not None:
                     self._chunks.move_to_end(chunk)
         missing = [chunk for chunk, ids in zip(chunks, found, strict=True) if ids is None]
-        encoded = self._encode_each(missing) if missing else []
+        encoded: list[list[int]] = []
         if missing:
+            cached = 0 if at_most is None else sum(len(ids) for ids in found if ids is not None)
+            encoded = self._encode_each(missing, cached, at_most)
             self._keep(missing, encoded)
         fresh = iter(encoded)
         out: list[int] = []
         for ids in found:
             out.extend(next(fresh) if ids is None else ids)
+        if at_most is not None and len(out) > at_most:
+            raise PromptTooLong(len(out))
         return out
 
-    def _encode_each(self, chunks: Sequence[str]) -> list[list[int]]:
+    def _encode_each(self, chunks: Sequence[str], cached: int, at_most: int | None) -> list[list[int]]:
+        """The ids of each chunk; PromptTooLong when they and `cached` ids are more than `at_most`."""
         if sum(map(len, chunks)) >= self._large_chars:
-            # encode_batch releases the GIL while it works; encode does not.
+            # encode_batch releases the GIL while it works; encode does not. Building the ids of a
+            # refused prompt would hold it for ~0.5 us a token, so they are counted first.
             encodings = self._tokenizer.encode_batch(list(chunks), add_special_tokens=False)
+            count = cached + sum(len(e) for e in encodings)
+            if at_most is not None and count > at_most:
+                raise PromptTooLong(count)
             return [e.ids for e in encodings]
         return [self._tokenizer.encode(chunk, add_special_tokens=False).ids for chunk in chunks]
 

@@ -19,12 +19,26 @@ from typing import Any, Literal
 
 from proxy.chat.first_prompts import FirstPrompts
 from proxy.chat.messages import CallsOnlyContent, Message, for_template
-from proxy.chat.piece_cache import PieceCache
+from proxy.chat.piece_cache import PieceCache, PromptTooLong
 from proxy.chat.probe import TemplateProbe, TemplateVerdict
 from proxy.chat.short_context import ShortContext
 from proxy.chat.template import ChatTemplate
 from proxy.chat.tokenizer import TokenizerFiles
 from proxy.errors import TemplateError
+
+# PromptTooLong: raised by Renderer.encode, defined beside the chunk cache that also raises it.
+__all__ = [
+    "BASE_SYSTEM",
+    "BASE_USER",
+    "FIXED_BASE",
+    "LARGE_TEXT_CHARS",
+    "STUB_CONTENT",
+    "STUB_REASONING",
+    "Delta",
+    "DeltaUnavailable",
+    "PromptTooLong",
+    "Renderer",
+]
 
 BASE_SYSTEM = "You are a helpful assistant."
 BASE_USER = "Hello."
@@ -68,14 +82,6 @@ _HEAD_CHARS = 8 * 1024 * 1024
 
 class DeltaUnavailable(Exception):
     """The template does not let us compute a delta we can prove; start a new segment instead."""
-
-
-class PromptTooLong(Exception):
-    """A render holds more ids than a prompt can: found from the count, before the ids are built."""
-
-    def __init__(self, tokens: int) -> None:
-        super().__init__(f"{tokens} tokens")
-        self.tokens = tokens
 
 
 @dataclass(frozen=True)
@@ -135,7 +141,7 @@ class Renderer:
         by_pieces = self.pieces.proven and not special
         if len(text) < LARGE_TEXT_CHARS:
             if by_pieces:
-                return self.pieces.encode(text)
+                return self.pieces.encode(text)  # at_most is checked on large texts only, as below
             return list(self.tokenizer.encode(text, add_special_tokens=special).ids)
         if at_most is not None and len(text) > _PROBE_CHARS_PER_TOKEN * at_most:
             # Freeing an encoding takes the GIL for ~0.5 us per token (~0.8 s for a 10 MB message), so
@@ -145,10 +151,7 @@ class Renderer:
             if len(prefix) > _PROBE_MARGIN * at_most:
                 raise PromptTooLong(len(prefix))
         if by_pieces:
-            ids = self.pieces.encode(text)
-            if at_most is not None and len(ids) > at_most:
-                raise PromptTooLong(len(ids))
-            return ids
+            return self.pieces.encode(text, at_most=at_most)
         encoding = self._encoding(text, special)
         if at_most is not None and len(encoding) > at_most:
             raise PromptTooLong(len(encoding))

@@ -232,3 +232,15 @@ def test_overlapping_added_tokens_are_cut_where_the_tokenizer_cuts(qwen_dir: Pat
     _check_equal(
         cache, tokenizer, ["<<x>>", "<x>x>", "[A][B][A]", "<|im_end|>\n<|im", "<unused29><unused299>"]
     )
+
+
+def test_a_prompt_refused_from_cached_and_new_chunks_counts_them_all(qwen: Tokenizer) -> None:
+    cache = PieceCache(qwen)
+    head = "<|im_start|>system\n" + "cached words " * 200
+    cache.encode(head)
+    text = head + "<|im_start|>user\n" + "new words é 12\n" * (LARGE_TEXT_CHARS // 10)
+    tokens = len(_plain(qwen, text))
+    with pytest.raises(PromptTooLong) as refused:
+        cache.encode(text, at_most=tokens - 1)
+    assert refused.value.tokens == tokens
+    assert cache.encode(text, at_most=tokens) == _plain(qwen, text)
