@@ -68,6 +68,9 @@ class TemplateVerdict:
     # Whether the delta may be rendered without the fixed base and the tools (proxy/chat/short_context.py):
     # proven, the base messages kept, or why not. Set by the renderer after the probe.
     short_delta: dict[str, Any] = field(default_factory=dict)
+    # Whether prompts are encoded chunk by chunk between added tokens, from a bounded cache
+    # (proxy/chat/piece_cache.py): proven, or why the plain encode is kept. Set by the renderer.
+    encode_cache: dict[str, Any] = field(default_factory=dict)
 
     @property
     def close_tokens(self) -> frozenset[str]:

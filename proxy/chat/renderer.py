@@ -17,12 +17,28 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
+from proxy.chat.first_prompts import FirstPrompts
 from proxy.chat.messages import CallsOnlyContent, Message, for_template
+from proxy.chat.piece_cache import PieceCache, PromptTooLong
 from proxy.chat.probe import TemplateProbe, TemplateVerdict
 from proxy.chat.short_context import ShortContext
 from proxy.chat.template import ChatTemplate
 from proxy.chat.tokenizer import TokenizerFiles
 from proxy.errors import TemplateError
+
+# PromptTooLong: raised by Renderer.encode, defined beside the chunk cache that also raises it.
+__all__ = [
+    "BASE_SYSTEM",
+    "BASE_USER",
+    "FIXED_BASE",
+    "LARGE_TEXT_CHARS",
+    "STUB_CONTENT",
+    "STUB_REASONING",
+    "Delta",
+    "DeltaUnavailable",
+    "PromptTooLong",
+    "Renderer",
+]
 
 BASE_SYSTEM = "You are a helpful assistant."
 BASE_USER = "Hello."
@@ -68,14 +84,6 @@ class DeltaUnavailable(Exception):
     """The template does not let us compute a delta we can prove; start a new segment instead."""
 
 
-class PromptTooLong(Exception):
-    """A render holds more ids than a prompt can: found from the count, before the ids are built."""
-
-    def __init__(self, tokens: int) -> None:
-        super().__init__(f"{tokens} tokens")
-        self.tokens = tokens
-
-
 @dataclass(frozen=True)
 class Delta:
     ids: list[int]
@@ -89,6 +97,9 @@ class Renderer:
         self.files = files
         self.tokenizer = files.tokenizer
         self.template = ChatTemplate(files.chat_template, files.special_tokens)
+        # Decided from the tokenizer alone, so that the probe's encodes already take it.
+        self.pieces = PieceCache(self.tokenizer, large_chars=LARGE_TEXT_CHARS)
+        self.first_prompts = FirstPrompts(pure=self.template.pure, reads_date=self.template.reads_date)
         decoder = self.tokenizer.get_added_tokens_decoder()
         self.special_ids = frozenset(int(i) for i, token in decoder.items() if token.special)
         self._special_texts = sorted(
@@ -109,7 +120,9 @@ class Renderer:
         self.verdict: TemplateVerdict = TemplateProbe(self).run()
         self._splitting_closes = self._closes_split_at()
         self.short_context = ShortContext(self, FIXED_BASE)
-        self.verdict = replace(self.verdict, short_delta=self.short_context.as_json())
+        self.verdict = replace(
+            self.verdict, short_delta=self.short_context.as_json(), encode_cache=self.pieces.as_json()
+        )
         # Fixed for the process: derived once, read on every turn.
         self.close_token_ids = self._ids_of(self.verdict.close_tokens)
         # What the engine must stop on: the tokens that end a sampled turn, and EOS.
@@ -124,8 +137,11 @@ class Renderer:
     def encode(self, text: str, *, at_most: int | None = None, special: bool = False) -> list[int]:
         """The ids of `text` (`special`: with the tokenizer's own BOS/EOS); PromptTooLong past `at_most`
         ids (checked on large texts, whose ids would hold the GIL long to build: a 10 MB message has
-        ~5M)."""
+        ~5M). Without `special`, from the cache of chunks where proven exact (proxy/chat/piece_cache.py)."""
+        by_pieces = self.pieces.proven and not special
         if len(text) < LARGE_TEXT_CHARS:
+            if by_pieces:
+                return self.pieces.encode(text)  # at_most is checked on large texts only, as below
             return list(self.tokenizer.encode(text, add_special_tokens=special).ids)
         if at_most is not None and len(text) > _PROBE_CHARS_PER_TOKEN * at_most:
             # Freeing an encoding takes the GIL for ~0.5 us per token (~0.8 s for a 10 MB message), so
@@ -134,10 +150,16 @@ class Renderer:
             prefix = self._encoding(text[: _PROBE_CHARS_PER_TOKEN * at_most], special)
             if len(prefix) > _PROBE_MARGIN * at_most:
                 raise PromptTooLong(len(prefix))
+        if by_pieces:
+            return self.pieces.encode(text, at_most=at_most)
         encoding = self._encoding(text, special)
         if at_most is not None and len(encoding) > at_most:
             raise PromptTooLong(len(encoding))
         return list(encoding.ids)
+
+    def plain_encode(self, text: str) -> list[int]:
+        """The tokenizer's own encode of `text`, without the chunk cache: what start-up proofs compare."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def _encoding(self, text: str, special: bool) -> Any:
         # encode_batch releases the GIL while it works; encode does not.
@@ -196,14 +218,27 @@ class Renderer:
         add_generation_prompt: bool = True,
         max_tokens: int | None = None,
     ) -> list[int]:
-        """The full render of a conversation: a new segment's first prompt (at most `max_tokens`)."""
-        text = self.render_text(
+        """The full render of a conversation: a new segment's first prompt (at most `max_tokens`).
+        The same first prompt (every rollout of a task) is rendered once (proxy/chat/first_prompts.py)."""
+        key = self.first_prompts.key(
             messages,
             tools=tools,
-            add_generation_prompt=add_generation_prompt,
             template_kwargs=template_kwargs,
+            add_generation_prompt=add_generation_prompt,
             now=now,
+            shape=(self.arguments_as, self.calls_only_content),
         )
+        text = None if key is None else self.first_prompts.get(key)
+        if text is None:
+            text = self.render_text(
+                messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                template_kwargs=template_kwargs,
+                now=now,
+            )
+            if key is not None:
+                self.first_prompts.put(key, text)
         return self.encode(text, at_most=max_tokens)
 
     def _render_with_stub(
@@ -425,9 +460,9 @@ class Renderer:
         return close in self._splitting_closes
 
     def _same_after(self, close: str, close_id: int, before: str, after: str) -> bool:
-        whole = self.encode(before + close + after)
-        head = self.encode(before + close)
-        from_close = self.encode(close + after)
+        whole = self.plain_encode(before + close + after)
+        head = self.plain_encode(before + close)
+        from_close = self.plain_encode(close + after)
         return from_close[:1] == [close_id] and whole == head + from_close[1:]
 
     def _close_tokens(self) -> tuple[str, ...]:

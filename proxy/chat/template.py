@@ -8,7 +8,6 @@ byte-identical; tests assert that parity against transformers on every fixture t
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -19,6 +18,7 @@ import jinja2.nodes
 import jinja2.runtime
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from proxy.chat.tojson import CachedToJson
 from proxy.errors import TemplateError
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -32,19 +32,6 @@ def _strftime_now(fmt: str, now: datetime | None = None) -> str:
 
 def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    # Jinja's own tojson escapes HTML characters; chat templates expect plain json.dumps.
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
 
 
 class _Namespace(jinja2.utils.Namespace):
@@ -150,7 +137,9 @@ class ChatTemplate:
         env = sandbox(
             trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
         )
-        env.filters["tojson"] = _tojson
+        # Per template: the dumps it keeps are bounded with it.
+        self.tojson = CachedToJson()
+        env.filters["tojson"] = self.tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
         env.globals["dict"] = dict
@@ -158,6 +147,10 @@ class ChatTemplate:
         self._ast = env.parse(source)
         self._compiled = env.from_string(self._ast)
         self._globals = frozenset(env.globals)
+        # Jinja's only sources of randomness: the `random` filter and the `lipsum` global.
+        filters = {node.name for node in self._ast.find_all(jinja2.nodes.Filter)}
+        names = {node.name for node in self._ast.find_all(jinja2.nodes.Name)}
+        self.pure = "random" not in filters and "lipsum" not in names
 
     def optional_variables(self) -> frozenset[str]:
         """The names the template reads that nothing but a caller's chat_template_kwargs sets

@@ -1,0 +1,68 @@
+"""Through the served proxy, prompts encoded from the chunk cache are the ids transformers gives: the same
+first prompt sent by many rollouts, other tasks behind the same system prompt and tools, and the
+continuation after each; GET /v1/template reports the cache's proof."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tokenizers import Tokenizer
+from transformers import AutoTokenizer
+
+from tests.fakes.sglang import FakeSGLang
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file — données 漢字",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+]
+SYSTEM = {"role": "system", "content": "You are a coding agent.\n\n  Answer briefly. "}
+
+
+def test_cached_encodes_record_the_ids_transformers_renders(
+    proxy_url: str, engine: FakeSGLang, qwen_dir: Path, qwen_tokenizer: Tokenizer
+) -> None:
+    report = httpx.get(f"{proxy_url}/v1/template").json()["encode_cache"]
+    assert report["proven"] is True
+    assert report["split_tokens"] > 0
+    hf = AutoTokenizer.from_pretrained(str(qwen_dir))
+    for task in range(3):
+        messages: list[dict[str, Any]] = [
+            SYSTEM,
+            {"role": "user", "content": f"Fix bug {task} in  main.py\n"},
+        ]
+        expected = hf.apply_chat_template(
+            messages,
+            tools=list[Any](TOOLS),
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for rollout in range(3):  # a group's rollouts send the same first prompt
+            session = f"task{task}-rollout{rollout}"
+            url = f"{proxy_url}/sessions/{session}/v1/chat/completions"
+            body = {"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 8}
+            first = httpx.post(url, json=body)
+            assert first.status_code == 200, first.text
+            first_ids = engine.requests[-1]["input_ids"]
+            assert first_ids == expected
+            follow_up = [
+                *messages,
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "next é"},
+            ]
+            second = httpx.post(url, json={**body, "messages": follow_up})
+            assert second.status_code == 200, second.text
+            tail = "ok<|im_end|>\n<|im_start|>user\nnext é<|im_end|>\n<|im_start|>assistant\n"
+            plain = qwen_tokenizer.encode(tail, add_special_tokens=False).ids
+            assert engine.requests[-1]["input_ids"] == [*first_ids, *plain]
+            segments = httpx.get(f"{proxy_url}/sessions/{session}/trajectory").json()["segments"]
+            assert len(segments) == 1
+            assert segments[0]["prompt_ids"] == expected
