@@ -9,9 +9,25 @@ from typing import Any
 import orjson
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
+from starlette.routing import Match
+from starlette.types import Scope
+
+from proxy.api.limits import replaying
 
 
 class OrjsonRequest(Request):
+    async def body(self) -> bytes:
+        """Starlette's body, read without its stream generator when it comes as one message (as
+        BodyLimit, in front of every route, hands it on)."""
+        if not hasattr(self, "_body") and not self._stream_consumed:
+            message = await self._receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                self._body: bytes = message.get("body", b"")
+                self._stream_consumed = True
+            else:  # in parts, or a disconnect: Starlette reads it, this message first
+                self._receive = replaying(message, self._receive)
+        return await super().body()
+
     async def json(self) -> Any:
         # orjson.JSONDecodeError is a json.JSONDecodeError: FastAPI still answers a malformed body
         # with its validation error, which the error handlers turn into a 400.
@@ -22,6 +38,19 @@ class OrjsonRequest(Request):
 
 class OrjsonRoute(APIRoute):
     request_class: type[OrjsonRequest] = OrjsonRequest
+
+    def __init__(self, path: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(path, *args, **kwargs)
+        # The path's text after its last parameter: a request path that does not end with it cannot
+        # match (Starlette's pattern ends with it, included under a prefix or not), so the router,
+        # which tries its routes in order, passes this one by a string test instead of a match
+        # (a turn's route comes after several others).
+        self._path_tail = path.rsplit("}", 1)[-1]
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope["type"] == "http" and not scope["path"].endswith(self._path_tail):
+            return Match.NONE, {}
+        return super().matches(scope)
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
