@@ -4,8 +4,9 @@ An agent resends its whole conversation on every turn; validating ~130 messages,
 plain and canonical forms, made a turn's cost grow with its history. Per session, the raw messages of
 its last request are kept as orjson writes them: when a new body's first messages write the very same
 bytes (types included: `1` is not `1.0` nor `true`), their validated models are reused and only the
-new messages are validated. Anything else, an error included, takes FastAPI's full validation, so a
-bad body is answered exactly as before.
+new messages are validated. A tool list written the very same as the last request's is reused the
+same way, with its plain form (a harness resends tens of KB of tool schemas every turn). Anything
+else, an error included, takes FastAPI's full validation, so a bad body is answered exactly as before.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from proxy.api.schemas import ChatCompletionRequest
 class _Known:
     written: bytes  # orjson's text of the raw message list
     body: ChatCompletionRequest  # the request that sent them, validated
+    tools: bytes | None  # orjson's text of its raw tool list (None: none sent, or not writable)
 
 
 class MessagePrefixes:
@@ -51,21 +53,37 @@ class MessagePrefixes:
             prefix = _written(messages[: len(known.body.messages)])
             if prefix is not None and prefix == known.written:
                 start, written = len(known.body.messages), prefix
+        # The same tool list, written the same, is the previous request's: not validated again.
+        raw_tools = data.get("tools")
+        tools = _written(raw_tools) if type(raw_tools) is list and raw_tools else None
+        same_tools = known is not None and tools is not None and tools == known.tools
+        unread: dict[str, Any] = {}
+        if start:
+            unread["messages"] = messages[start:]
+        if same_tools:
+            unread["tools"] = None
         try:
-            body = ChatCompletionRequest.model_validate(
-                {**data, "messages": messages[start:]} if start else data
-            )
+            body = ChatCompletionRequest.model_validate({**data, **unread} if unread else data)
         except ValidationError:
             return None
         if start:
             assert known is not None
             body.messages = [*known.body.messages, *body.messages]
             body.reuse_forms(known.body)
-        self._remember(session_id, messages, start, written, body)
+        if same_tools:
+            assert known is not None
+            body.reuse_tools(known.body)
+        self._remember(session_id, messages, start, written, body, tools)
         return body
 
     def _remember(
-        self, session_id: str, raw: list[Any], start: int, prefix: bytes, body: ChatCompletionRequest
+        self,
+        session_id: str,
+        raw: list[Any],
+        start: int,
+        prefix: bytes,
+        body: ChatCompletionRequest,
+        tools: bytes | None,
     ) -> None:
         tail = _written(raw[start:])
         self.drop(session_id)
@@ -73,17 +91,17 @@ class MessagePrefixes:
             return
         # orjson writes a list as "[" + its items joined by "," + "]".
         written = prefix[:-1] + b"," + tail[1:] if start else tail
-        if len(written) > self._max_bytes // 4:
+        if len(written) + len(tools or b"") > self._max_bytes // 4:
             return
-        self._entries[session_id] = _Known(written, body)
-        self.bytes += len(written)
+        self._entries[session_id] = _Known(written, body, tools)
+        self.bytes += len(written) + len(tools or b"")
         while self.bytes > self._max_bytes or len(self._entries) > self._max_entries:
             self.drop(next(iter(self._entries)))
 
     def drop(self, session_id: str) -> None:
         old = self._entries.pop(session_id, None)
         if old is not None:
-            self.bytes -= len(old.written)
+            self.bytes -= len(old.written) + len(old.tools or b"")
 
 
 def _written(value: list[Any]) -> bytes | None:

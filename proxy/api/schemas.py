@@ -209,6 +209,8 @@ class ChatCompletionRequest(SamplingRequest):
     _forms: MessageForms | None = PrivateAttr(default=None)
     _reused_hash: HistoryHash | None = PrivateAttr(default=None)
     _hash: HistoryHash | None = PrivateAttr(default=None)
+    # The tools as plain dicts, once; taken from the previous request when it sent the same list.
+    _plain_tools: list[dict[str, Any]] | None = PrivateAttr(default=None)
 
     def _cached(self) -> dict[str, Any]:
         """The private attributes' own dict: pydantic's attribute access to a private attribute
@@ -243,6 +245,20 @@ class ChatCompletionRequest(SamplingRequest):
         if known["_forms"] is not None:
             cached["_reused_forms"] = known["_forms"]
             cached["_reused_hash"] = known["_hash"]
+
+    def plain_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the renderer and the record hold them (None fields left out), or None
+        without tools; a reused tool list's are not written again."""
+        cached = self._cached()
+        if cached["_plain_tools"] is None and self.tools:
+            cached["_plain_tools"] = [tool.model_dump(exclude_none=True) for tool in self.tools]
+        plain: list[dict[str, Any]] | None = cached["_plain_tools"]
+        return plain
+
+    def reuse_tools(self, earlier: ChatCompletionRequest) -> None:
+        """Take the validated tools of `earlier`, which sent the very same tool list."""
+        self.tools = earlier.tools
+        self._cached()["_plain_tools"] = earlier._cached()["_plain_tools"]
 
     def check_supported(self) -> None:
         super().check_supported()

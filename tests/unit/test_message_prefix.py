@@ -79,3 +79,47 @@ def test_memory_is_bounded() -> None:
     prefixes.validate("big", _body({"role": "user", "content": "x" * 2000}))
     assert len(prefixes) == 2
     assert prefixes.bytes <= 4096
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "read", "parameters": {"type": "object", "properties": {}}}},
+    {"type": "function", "function": {"name": "write", "description": None, "strict": True}},
+]
+
+
+def test_a_resent_tool_list_is_reused_and_equals_a_full_validation() -> None:
+    prefixes = MessagePrefixes()
+    first = prefixes.validate("s", {**_body(USER), "tools": TOOLS})
+    assert first is not None
+    plain = first.plain_tools()
+    assert plain == [tool.model_dump(exclude_none=True) for tool in first.tools or []]
+    second = prefixes.validate("s", {**_body(USER, _call({"a": 1}), TOOL), "tools": TOOLS})
+    assert second is not None
+    assert second.tools is first.tools
+    assert second.plain_tools() is plain
+    full = ChatCompletionRequest.model_validate({**_body(USER, _call({"a": 1}), TOOL), "tools": TOOLS})
+    assert second.tools == full.tools
+    assert second.plain_tools() == full.plain_tools()
+    assert second.model_dump() == full.model_dump()
+    assert second.model_fields_set == full.model_fields_set
+
+
+def test_a_tool_list_written_differently_or_invalid_is_validated_again() -> None:
+    prefixes = MessagePrefixes()
+    first = prefixes.validate("s", {**_body(USER), "tools": TOOLS})
+    assert first is not None
+    renamed = [TOOLS[0], {**TOOLS[1], "function": {**TOOLS[1]["function"], "strict": 1}}]
+    second = prefixes.validate("s", {**_body(USER), "tools": renamed})
+    assert second is not None
+    assert second.tools is not first.tools
+    assert second.plain_tools() == [
+        TOOLS[0] | {},
+        {"type": "function", "function": {"name": "write", "strict": 1}},
+    ]
+    # Refused as a full validation refuses it (None: FastAPI validates and answers).
+    assert prefixes.validate("s", {**_body(USER), "tools": [{"type": "other"}]}) is None
+    assert prefixes.validate("s", {**_body(USER), "tools": TOOLS}) is not None
+    without = prefixes.validate("s", _body(USER))
+    assert without is not None
+    assert without.tools is None
+    assert without.plain_tools() is None
