@@ -73,7 +73,7 @@ class MessagePrefixes:
         if same_tools:
             assert known is not None
             body.reuse_tools(known.body)
-        self._remember(session_id, messages, start, written, body, tools)
+        self._remember(session_id, messages, start, written, body, tools=tools)
         return body
 
     def _remember(
@@ -83,6 +83,7 @@ class MessagePrefixes:
         start: int,
         prefix: bytes,
         body: ChatCompletionRequest,
+        *,
         tools: bytes | None,
     ) -> None:
         tail = _written(raw[start:])

@@ -81,7 +81,7 @@ def test_memory_is_bounded() -> None:
     assert prefixes.bytes <= 4096
 
 
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {"name": "read", "parameters": {"type": "object", "properties": {}}}},
     {"type": "function", "function": {"name": "write", "description": None, "strict": True}},
 ]
