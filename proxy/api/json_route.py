@@ -9,13 +9,49 @@ from typing import Any
 import orjson
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
+from starlette.datastructures import Headers
 from starlette.routing import Match
 from starlette.types import Scope
 
 from proxy.api.limits import replaying
 
 
+class IndexedHeaders(Headers):
+    """Starlette's request headers, each name's first value found through a dict built on the first
+    lookup: a turn looks up ten names (key, session, group, retry, content type), most of them
+    absent, and each lookup was a scan of the whole list."""
+
+    _index: dict[str, str]
+
+    def _first_values(self) -> dict[str, str]:
+        try:
+            return self._index
+        except AttributeError:
+            # Reversed: the first of repeated names is kept, as Headers.__getitem__ finds it.
+            index = {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(self._list)}
+            self._index = index
+            return index
+
+    def __getitem__(self, key: str) -> str:
+        found = self._first_values().get(key.lower())
+        if found is None:
+            raise KeyError(key)
+        return found
+
+    def __contains__(self, key: Any) -> bool:
+        return key.lower() in self._first_values()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._first_values().get(key.lower(), default)
+
+
 class OrjsonRequest(Request):
+    @property
+    def headers(self) -> Headers:
+        if not hasattr(self, "_headers"):
+            self._headers = IndexedHeaders(scope=self.scope)
+        return self._headers
+
     async def body(self) -> bytes:
         """Starlette's body, read without its stream generator when it comes as one message (as
         BodyLimit, in front of every route, hands it on)."""

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 from fastapi.routing import APIRoute
+from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 
-from proxy.api.json_route import OrjsonRequest, OrjsonRoute
+from proxy.api.json_route import IndexedHeaders, OrjsonRequest, OrjsonRoute
 from proxy.app import create_app
 from proxy.config import Settings
 
@@ -102,3 +103,46 @@ def _read(request_class: type[Request], messages: list[dict[str, Any]]) -> tuple
 )
 def test_a_body_reads_as_starlette_reads_it(messages: list[dict[str, Any]]) -> None:
     assert _read(OrjsonRequest, messages) == _read(Request, messages)
+
+
+RAW_HEADERS = [
+    (b"host", b"127.0.0.1:8000"),
+    (b"x-session-id", b"first"),
+    (b"content-type", b"application/json"),
+    (b"x-session-id", b"second"),
+    (b"x-tito-group-id", b"g\xe9"),
+    (b"authorization", b""),
+]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "host",
+        "x-session-id",
+        "X-Session-Id",
+        "X-TITO-GROUP-ID",
+        "authorization",
+        "x-api-key",
+        "",
+        "content-type",
+    ],
+)
+def test_indexed_headers_read_as_starlettes(name: str) -> None:
+    indexed, plain = IndexedHeaders(raw=list(RAW_HEADERS)), Headers(raw=list(RAW_HEADERS))
+    assert indexed.get(name) == plain.get(name)
+    assert indexed.get(name, "absent") == plain.get(name, "absent")
+    assert (name in indexed) == (name in plain)
+    if name in plain:
+        assert indexed[name] == plain[name]
+    else:
+        with pytest.raises(KeyError):
+            indexed[name]
+    assert indexed.getlist(name) == plain.getlist(name)
+    assert list(indexed.items()) == list(plain.items())
+
+
+def test_a_turn_request_reads_its_headers_indexed() -> None:
+    request = OrjsonRequest({"type": "http", "headers": list(RAW_HEADERS)})
+    assert isinstance(request.headers, IndexedHeaders)
+    assert request.headers.get("X-Session-Id") == "first"
