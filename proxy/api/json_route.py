@@ -24,13 +24,12 @@ class IndexedHeaders(Headers):
     _index: dict[str, str]
 
     def _first_values(self) -> dict[str, str]:
-        try:
-            return self._index
-        except AttributeError:
+        index: dict[str, str] | None = self.__dict__.get("_index")
+        if index is None:
             # Reversed: the first of repeated names is kept, as Headers.__getitem__ finds it.
             index = {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(self._list)}
             self._index = index
-            return index
+        return index
 
     def __getitem__(self, key: str) -> str:
         found = self._first_values().get(key.lower())
