@@ -520,9 +520,11 @@ class SqliteTurnStore(TurnStore):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[int]] = loop.create_future()
         self._queue.put(_Pending(write, future, loop))
-        # Shielded: a request cancelled while waiting must not cancel a commit under way.
+        # A request cancelled while waiting cancels only this future: the writer commits its turn all
+        # the same, and _settle passes over a future already done (no shield needed, nor its second
+        # future and callbacks).
         try:
-            return await asyncio.shield(future)
+            return await future
         except Exception as exc:
             if is_database_failure(exc):  # SQLAlchemy's errors, or the driver's own from a commit
                 raise recording_error(exc) from exc
