@@ -50,9 +50,13 @@ async def run_watched(
     try:
         return await state.turns.run(session_id, request, client_gone=watcher)
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        if watcher.done():  # the client left: whatever the watcher ended with is read, as before
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        else:
+            # Not awaited: the answer goes out now, and the loop ends the watcher on its next pass
+            # (waiting for that cost the turn a suspension and a wake-up).
+            watcher.cancel()
 
 
 async def answer(
