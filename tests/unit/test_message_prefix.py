@@ -39,7 +39,7 @@ def test_known_history_is_reused_and_equals_a_full_validation() -> None:
     full = ChatCompletionRequest.model_validate(_body(USER, _call({"a": 1}), TOOL))
     assert second.message_forms() == full.message_forms()
     # Keys from the running hash the first request handed on, as a fresh request computes them.
-    assert second._reused_hash is first.history_hash()
+    assert second._cached().reused_hash is first.history_hash()
     for count in (3, 2):
         assert second.history_hash().key(count, b'"x"', None, None) == full.history_hash().key(
             count, b'"x"', None, None
