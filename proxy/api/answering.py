@@ -50,9 +50,13 @@ async def run_watched(
     try:
         return await state.turns.run(session_id, request, client_gone=watcher)
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        if watcher.done():  # the client left: whatever the watcher ended with is read, as before
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        else:
+            # Not awaited: the answer goes out now, and the loop ends the watcher on its next pass
+            # (waiting for that cost the turn a suspension and a wake-up).
+            watcher.cancel()
 
 
 async def answer(
@@ -69,6 +73,12 @@ async def answer(
 ) -> Response:
     """`client`: the HTTP request, watched for a disconnect while a plain turn samples."""
     headers = {"X-Session-Id": session_id}
+    if identity is None and not stream:
+        # Nearly every turn: no retry identity to hold or look up, no lock to hand to a stream, so
+        # no exit stack (entering and closing one cost more than the rest of this function).
+        with state.turns.busy(session_id):
+            results = await run_watched(state, session_id, request, client)
+        return _answered(results, headers, body_of)
     exit_stack = contextlib.AsyncExitStack()
     exit_stack.enter_context(state.turns.busy(session_id))
     await exit_stack.enter_async_context(state.retries.hold(session_id, identity))
@@ -109,6 +119,14 @@ async def answer(
             results = await run_watched(state, session_id, request, client)
     finally:
         await exit_stack.aclose()
+    return _answered(results, headers, body_of)
+
+
+def _answered(
+    results: Sequence[TurnResult],
+    headers: dict[str, str],
+    body_of: Callable[[Sequence[TurnResult]], dict[str, Any]],
+) -> Response:
     # The recorded calls, in choice order: what POST /sessions/{id}/reward's call_rewards names.
     headers["X-Tito-Call-Ids"] = ",".join(str(result.call_id) for result in results)
     # Serialized here, once, by orjson: FastAPI's encoder would walk the body in Python first.

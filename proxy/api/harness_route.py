@@ -19,6 +19,7 @@ from fastapi import APIRouter, FastAPI, Request, Response, params
 from fastapi import routing as fastapi_routing
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.api.auth import check_harness_key, require_harness_key
 from proxy.api.deps import get_state, resolve_session_id, session_of
@@ -116,19 +117,42 @@ def _plain_call(route: APIRoute) -> _Call | None:
     return _Call(route.endpoint, model, roles)
 
 
+# Where the route's own ASGI app leaves the request it read for FastAPI's handler (below).
+_READ_REQUEST = "tito.harness_request"
+
+
+class _NotPlain(Exception):
+    """The plain call does not answer this request: FastAPI's handler must (see _plain_first)."""
+
+
 class HarnessRoute(OrjsonRoute):
     """A turn route: its documented FastAPI handler, and the plain call tried first (see above)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.plain_paths: set[str] = set()  # where it is included with the plain call
+        self._plain_only = False
         super().__init__(*args, **kwargs)
+        if self.max_body_size is None and _plain_call(self) is not None:
+            # The handler chain again (a subclass's wrappers included) around the plain call alone.
+            self._plain_only = True
+            try:
+                plain_handler = self.get_route_handler()
+            finally:
+                self._plain_only = False
+            self.app = _plain_first(plain_handler, self.request_class, self.app)
 
     def get_route_handler(self) -> Handler:
-        solved = APIRoute.get_route_handler(self)
         plain = _plain_call(self)
+        if self._plain_only:
+            assert plain is not None
+            return _plain_or_raise(plain)
+        solved = APIRoute.get_route_handler(self)
         request_class = self.request_class
 
         async def handler(request: Request) -> Response:
+            read = request.scope.pop(_READ_REQUEST, None)
+            if read is not None:  # _plain_first tried the plain call with this request (or passed it over)
+                return await solved(read)
             request = request_class(request.scope, request.receive)
             if plain is not None and not request.app.dependency_overrides:
                 answered = await plain(request)
@@ -139,6 +163,39 @@ class HarnessRoute(OrjsonRoute):
         if plain is not None:
             self.plain_paths.add(_included(self).path)
         return handler
+
+
+def _plain_or_raise(plain: _Call) -> Handler:
+    async def handler(request: Request) -> Response:
+        answered = await plain(request)
+        if answered is None:
+            raise _NotPlain
+        return answered
+
+    return handler
+
+
+def _plain_first(plain_handler: Handler, request_class: type[Request], solved_app: ASGIApp) -> ASGIApp:
+    """The ASGI app of a route included flat: the plain call answers on its own, outside FastAPI's
+    request_response (two exit stacks, an exception wrapper and two request objects a turn, which
+    only the solver's dependencies use); what it does not answer goes to FastAPI's app, given the
+    request as read (its body is read once). An exception from the plain call reaches the app's
+    ExceptionMiddleware, whose handlers answer it as request_response's own wrapper would."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        request = request_class(scope, receive, send)
+        if not scope["app"].dependency_overrides:
+            try:
+                answered = await plain_handler(request)
+            except _NotPlain:
+                pass
+            else:
+                await answered(scope, receive, send)
+                return
+        scope[_READ_REQUEST] = request
+        await solved_app(scope, receive, send)
+
+    return app
 
 
 def include_flat(app: FastAPI, router: APIRouter, *, prefix: str = "", dependencies: list[Any]) -> None:

@@ -35,7 +35,7 @@ class BodyLimit:
         while True:
             message = await receive()
             if message["type"] != "http.request":  # the client left: let the app see it
-                await self.app(scope, _replaying(message, receive), send)
+                await self.app(scope, replaying(message, receive), send)
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
@@ -47,7 +47,7 @@ class BodyLimit:
                 break
         whole: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
         del chunks
-        await self.app(scope, _replaying(whole, receive), send)
+        await self.app(scope, replaying(whole, receive), send)
         if size >= _LARGE_BODY:
             # What the large body made the proxy allocate (and free) goes back to the OS; after the
             # answer is sent, and off the loop.
@@ -93,7 +93,7 @@ def _declared_length(scope: Scope) -> int:
     return 0
 
 
-def _replaying(first: Message, receive: Receive) -> Receive:
+def replaying(first: Message, receive: Receive) -> Receive:
     """`receive` that answers `first` once, then the server's messages (a disconnect, for streams)."""
     pending: list[Message] = [first]
 

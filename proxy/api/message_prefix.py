@@ -4,8 +4,9 @@ An agent resends its whole conversation on every turn; validating ~130 messages,
 plain and canonical forms, made a turn's cost grow with its history. Per session, the raw messages of
 its last request are kept as orjson writes them: when a new body's first messages write the very same
 bytes (types included: `1` is not `1.0` nor `true`), their validated models are reused and only the
-new messages are validated. Anything else, an error included, takes FastAPI's full validation, so a
-bad body is answered exactly as before.
+new messages are validated. A tool list written the very same as the last request's is reused the
+same way, with its plain form (a harness resends tens of KB of tool schemas every turn). Anything
+else, an error included, takes FastAPI's full validation, so a bad body is answered exactly as before.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ _COST_PER_ENTRY = 4096
 class _Known:
     written: bytes  # orjson's text of the raw message list
     body: ChatCompletionRequest  # the request that sent them, validated
+    tools: bytes | None  # orjson's text of its raw tool list (None: none sent, or not writable)
     cost: int  # the memory it holds, estimated high
 
 
@@ -63,17 +65,27 @@ class MessagePrefixes:
             prefix = _written(messages[: len(known.body.messages)])
             if prefix is not None and prefix == known.written:
                 start, written = len(known.body.messages), prefix
+        # The same tool list, written the same, is the previous request's: not validated again.
+        raw_tools = data.get("tools")
+        tools = _written(raw_tools) if type(raw_tools) is list and raw_tools else None
+        same_tools = known is not None and tools is not None and tools == known.tools
+        unread: dict[str, Any] = {}
+        if start:
+            unread["messages"] = messages[start:]
+        if same_tools:
+            unread["tools"] = None
         try:
-            body = ChatCompletionRequest.model_validate(
-                {**data, "messages": messages[start:]} if start else data
-            )
+            body = ChatCompletionRequest.model_validate({**data, **unread} if unread else data)
         except ValidationError:
             return None
         if start:
             assert known is not None
             body.messages = [*known.body.messages, *body.messages]
             body.reuse_forms(known.body)
-        self._remember(session_id, messages, start, written, body=body, body_bytes=body_bytes)
+        if same_tools:
+            assert known is not None
+            body.reuse_tools(known.body)
+        self._remember(session_id, messages, start, written, body=body, tools=tools, body_bytes=body_bytes)
         return body
 
     def _remember(
@@ -84,6 +96,7 @@ class MessagePrefixes:
         prefix: bytes,
         *,
         body: ChatCompletionRequest,
+        tools: bytes | None,
         body_bytes: int,
     ) -> None:
         tail = _written(raw[start:])
@@ -93,14 +106,16 @@ class MessagePrefixes:
         # orjson writes a list as "[" + its items joined by "," + "]". A concatenation is a new object
         # of its own length; orjson's own result is not (kept_json.py).
         written = prefix[:-1] + b"," + tail[1:] if start else own_length(tail)
+        tools = own_length(tools) if tools is not None else None
         cost = (
             _COST_PER_BODY_BYTE * max(body_bytes, len(written))
+            + len(tools or b"")
             + _COST_PER_MESSAGE * len(raw)
             + _COST_PER_ENTRY
         )
         if cost > self._max_bytes // 4:
             return
-        self._entries[session_id] = _Known(written, body, cost)
+        self._entries[session_id] = _Known(written, body, tools, cost)
         self.bytes += cost
         while self.bytes > self._max_bytes or len(self._entries) > self._max_entries:
             self.drop(next(iter(self._entries)))

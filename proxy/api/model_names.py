@@ -105,11 +105,19 @@ class ModelNames:
     async def choose(self, name: str | None) -> ModelChoice:
         if name is None or name in self.base_names:
             return ModelChoice(name, None)
+        if self._failure is None and self._fresh(REFRESH_S):
+            # Listed within the refresh interval: the lookups below would all read this listing (a
+            # harness's own default name is looked up on every turn).
+            return self._chosen(name, self._listed)
         listed = await self.adapters()
         if name not in listed:
             listed = await self.adapters(older_than=REFRESH_S)  # loaded since the last listing?
         if name not in listed and self._failure is not None:
             listed = await self._list_after_restart()
+        return self._chosen(name, listed)
+
+    def _chosen(self, name: str, listed: dict[str, str]) -> ModelChoice:
+        """The choice for a name that is not the base model's, given the engine's current listing."""
         if name in listed:
             return ModelChoice(name, name)
         if self._failure is not None:

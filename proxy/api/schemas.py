@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -193,6 +194,21 @@ class SamplingRequest(BaseModel):
         return self.max_tokens
 
 
+@dataclass
+class _Derived:
+    """What a chat request derives from its messages and tools."""
+
+    # The plain and canonical forms of the first messages and their running hash, taken from the
+    # session's previous request when it sent the same ones (proxy/api/message_prefix.py).
+    reused_forms: MessageForms | None = None
+    reused_hash: HistoryHash | None = None
+    # This request's, once derived.
+    forms: MessageForms | None = None
+    hash: HistoryHash | None = None
+    # The tools as plain dicts; taken from the previous request when it sent the same list.
+    plain_tools: list[dict[str, Any]] | None = None
+
+
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: Annotated[list[ToolDefinition] | None, Shallow] = None
@@ -203,33 +219,56 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool | None = None
     response_format: Annotated[dict[str, Any] | None, Shallow] = None
     chat_template_kwargs: Annotated[dict[str, Any] | None, Shallow] = None
-    # The plain and canonical forms of the first messages, taken from the session's previous request
-    # when it sent the same ones (proxy/api/message_prefix.py); then this request's, once derived.
-    _reused_forms: MessageForms | None = PrivateAttr(default=None)
-    _forms: MessageForms | None = PrivateAttr(default=None)
-    _reused_hash: HistoryHash | None = PrivateAttr(default=None)
-    _hash: HistoryHash | None = PrivateAttr(default=None)
+    # What the request derives once, or takes from the session's previous one (_Derived). One
+    # private attribute: pydantic sets each one's default on every validation (~1 µs apiece).
+    _derived: _Derived | None = PrivateAttr(default=None)
+
+    def _cached(self) -> _Derived:
+        """Read through pydantic's private dict: its attribute access to a private attribute costs
+        ~3 µs (its __getattr__ probes the class attribute for a descriptor, by exception)."""
+        private = self.__pydantic_private__
+        assert private is not None  # set by validation and by model_construct
+        derived: _Derived | None = private["_derived"]
+        if derived is None:
+            derived = private["_derived"] = _Derived()
+        return derived
 
     def message_forms(self) -> MessageForms:
         """Each message as the renderer and the record hold it (as_plain: shared, nothing changes a
         message), and its canonical_json; a reused history's are not derived again."""
-        if self._forms is None:
-            plain, canonical = self._reused_forms or ([], [])
+        cached = self._cached()
+        if cached.forms is None:
+            plain, canonical = cached.reused_forms or ([], [])
             added = [message.as_plain() for message in self.messages[len(plain) :]]
-            self._forms = ([*plain, *added], [*canonical, *(canonical_json(m) for m in added)])
-        return self._forms
+            cached.forms = ([*plain, *added], [*canonical, *(canonical_json(m) for m in added)])
+        return cached.forms
 
     def history_hash(self) -> HistoryHash:
         """The running hash of the messages' canonical forms (it keys history lookups and calls)."""
-        if self._hash is None:
-            self._hash = HistoryHash(self.message_forms()[1], start=self._reused_hash)
-        return self._hash
+        cached = self._cached()
+        if cached.hash is None:
+            cached.hash = HistoryHash(self.message_forms()[1], start=cached.reused_hash)
+        return cached.hash
 
     def reuse_forms(self, earlier: ChatCompletionRequest) -> None:
         """Take the message forms of `earlier`, whose messages are the first of this request's."""
-        if earlier._forms is not None:
-            self._reused_forms = earlier._forms
-            self._reused_hash = earlier._hash
+        known, cached = earlier._cached(), self._cached()
+        if known.forms is not None:
+            cached.reused_forms = known.forms
+            cached.reused_hash = known.hash
+
+    def plain_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the renderer and the record hold them (None fields left out), or None
+        without tools; a reused tool list's are not written again."""
+        cached = self._cached()
+        if cached.plain_tools is None and self.tools:
+            cached.plain_tools = [tool.model_dump(exclude_none=True) for tool in self.tools]
+        return cached.plain_tools
+
+    def reuse_tools(self, earlier: ChatCompletionRequest) -> None:
+        """Take the validated tools of `earlier`, which sent the very same tool list."""
+        self.tools = earlier.tools
+        self._cached().plain_tools = earlier._cached().plain_tools
 
     def check_supported(self) -> None:
         super().check_supported()

@@ -169,8 +169,14 @@ class HistoryHash:
         """`start`: the hash of an earlier request whose parts are the first of `parts`."""
         self.parts = parts
         self._count, self._state = 0, hashlib.sha256(b"[[")
-        if start is not None and start._count <= len(parts):
-            self._count, self._state = start._count, start._state.copy()
+        # The text that closes a key: the tools and kwargs it was last written for (the very same
+        # objects: a request keys its history and its call with them, and a session's next request
+        # resends the same tool list, which proxy/api/message_prefix.py hands on as it is).
+        self._closing: tuple[object, object, bytes] | None = None
+        if start is not None:
+            self._closing = start._closing
+            if start._count <= len(parts):
+                self._count, self._state = start._count, start._state.copy()
 
     def key(
         self,
@@ -192,7 +198,27 @@ class HistoryHash:
         digest = self._state.copy()
         if tail is not None:
             digest.update(b"," + tail if count else tail)
-        return _closed_key(digest, tools, template_kwargs)
+        digest.update(self._closing_text(tools, template_kwargs))
+        return str(digest.hexdigest())
+
+    def _closing_text(
+        self, tools: Sequence[Mapping[str, Any]] | None, template_kwargs: Mapping[str, Any] | None
+    ) -> bytes:
+        """What _closed_key adds after the messages, written once for the same tools and kwargs."""
+        known = self._closing
+        if known is not None and known[0] is tools and known[1] is template_kwargs:
+            return known[2]
+        text = b"".join(
+            (
+                b"],",
+                orjson.dumps(list(tools or []), option=orjson.OPT_SORT_KEYS),
+                b",",
+                orjson.dumps(dict(template_kwargs or {}), option=orjson.OPT_SORT_KEYS),
+                b"]",
+            )
+        )
+        self._closing = (tools, template_kwargs, text)
+        return text
 
 
 def reasoning_consistent(echoed: Mapping[str, Any], recorded: Mapping[str, Any]) -> bool:

@@ -75,7 +75,7 @@ def sampling_params(
 def _turn_request(
     body: ChatCompletionRequest, state: AppState, identity: RetryIdentity | None
 ) -> TurnRequest:
-    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    tools = body.plain_tools()
     params = sampling_params(
         body,
         stop_token_ids=state.renderer.stop_token_ids,

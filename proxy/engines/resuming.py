@@ -197,9 +197,17 @@ class ResumingEngine:
                 await self._wait_to_continue(exc)
                 held.resumed += 1
                 continue
+            self.last_version = generation.weight_version or self.last_version
+            if (
+                not held.resumed
+                and generation.finish.kind != "abort"
+                and (params.routed_experts is not None or generation.routed_experts is None)
+            ):
+                # One attempt, finished: what is held below would rebuild the very same generation
+                # (dataclasses' replace alone cost ~10 µs a turn).
+                return generation
             held.add(generation.output_ids, generation.logprobs, generation.top_logprobs)
             held.add_experts(params.routed_experts is not None, generation.routed_experts)
-            self.last_version = generation.weight_version or self.last_version
             held.close_attempt(generation.weight_version, generation.meta.get("weight_versions"))
             produced = len(generation.output_ids)
             if (

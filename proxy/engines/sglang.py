@@ -117,12 +117,15 @@ def _aligned_logprobs(output_ids: list[Any], entries: Any) -> list[Any]:
     """The logprob of each output id, from its [logprob, token_id, text] entry."""
     if not isinstance(entries, list) or len(entries) != len(output_ids):
         raise InvalidEngineAnswer("SGLang returned output_token_logprobs not aligned with output_ids")
-    if any(
-        not isinstance(entry, list) or len(entry) < 2 or entry[1] != token_id
-        for token_id, entry in zip(output_ids, entries, strict=True)
+    # Each entry a list of at least two items whose second is its output id, read by two list
+    # comprehensions rather than a Python test per token.
+    if (
+        set(map(type, entries)) <= {list}
+        and min(map(len, entries), default=2) >= 2
+        and [entry[1] for entry in entries] == output_ids
     ):
-        raise InvalidEngineAnswer("SGLang returned a logprob entry that does not match its output id")
-    return [entry[0] for entry in entries]
+        return [entry[0] for entry in entries]
+    raise InvalidEngineAnswer("SGLang returned a logprob entry that does not match its output id")
 
 
 def _request_payload(

@@ -11,6 +11,9 @@ from proxy.engines.base import FinishReason, Generation
 from proxy.store.codec import IdArray
 from proxy.turns.request import TurnRequest
 
+# Prompt tails whose reasoning_open is remembered (a template has a handful).
+_KNOWN_TAILS = 256
+
 
 class AnswerText:
     """Reads sampled ids as the client's answer, with the renderer's vocabulary and the model's parser."""
@@ -18,6 +21,9 @@ class AnswerText:
     def __init__(self, renderer: Renderer, parser: OutputParser) -> None:
         self.renderer = renderer
         self.parser = parser
+        # reasoning_open by the prompt's last ids: a template ends every prompt with one of a few
+        # generation prompts, and decoding them cost more than the rest of the check.
+        self._opens: dict[tuple[int, ...], bool] = {}
 
     def parser_for(self, request: TurnRequest) -> OutputParser:
         if request.is_completion:
@@ -28,8 +34,14 @@ class AnswerText:
         """Whether the generation prompt itself opened reasoning (DeepSeek R1's `<think>\\n`)."""
         if not self.parser.parse_reasoning:
             return False
-        tail = self.renderer.decode(prompt[-4:].tolist())
-        return tail.rstrip("\n").endswith("<think>")
+        last = tuple(prompt[-4:].tolist())
+        opens = self._opens.get(last)
+        if opens is None:
+            opens = self.renderer.decode(list(last)).rstrip("\n").endswith("<think>")
+            if len(self._opens) >= _KNOWN_TAILS:
+                self._opens.clear()
+            self._opens[last] = opens
+        return opens
 
     def output_text(self, output_ids: Sequence[int], finish: FinishReason | None) -> str:
         """The text of sampled ids as parsers see it: special tokens kept, the stop token and a matched

@@ -132,7 +132,7 @@ class TurnRunner:
         sampling: asyncio.Future[list[Generation]] = asyncio.ensure_future(self._sample(turn, request_ids))
         if client_gone is not None:
             try:
-                await asyncio.wait({sampling, client_gone}, return_when=asyncio.FIRST_COMPLETED)
+                await _either(sampling, client_gone)
             except asyncio.CancelledError:
                 sampling.cancel()
                 raise
@@ -192,6 +192,24 @@ class TurnRunner:
         self, generation: Generation, *, reasoning_open: bool = False, parser: OutputParser | None = None
     ) -> ParsedOutput:
         return self.answers.parse(generation, reasoning_open=reasoning_open, parser=parser)
+
+
+async def _either(first: asyncio.Future[Any], second: asyncio.Future[Any]) -> None:
+    """Returns once either future is done: asyncio.wait(..., FIRST_COMPLETED) without the sets of
+    done and pending futures it builds, nor its checks of what it is given."""
+    waiter: asyncio.Future[None] = first.get_loop().create_future()
+
+    def wake(_: asyncio.Future[Any]) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    first.add_done_callback(wake)
+    second.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        first.remove_done_callback(wake)
+        second.remove_done_callback(wake)
 
 
 def _completed(future: asyncio.Future[Any] | None) -> bool:

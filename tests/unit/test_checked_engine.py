@@ -104,6 +104,10 @@ def test_a_well_formed_answer_passes_unchanged() -> None:
         ([5.0, 7], [-0.1, -0.1]),
         ([False, 7], [-0.1, -0.1]),
         ([5, 7], [-0.1, None]),
+        ([5, True], [-0.1, -0.1]),
+        ([5, 7], [True, -0.1]),
+        ([5, 7], [-0.1, "-0.1"]),
+        ([5, "7"], [-0.1, -0.1]),
     ],
 )
 def test_ids_and_logprobs_that_cannot_be_recorded_are_refused(ids: list[Any], logprobs: list[Any]) -> None:

@@ -84,3 +84,28 @@ def test_a_running_history_hash_gives_the_same_keys() -> None:
             expected = key_of_json([*parts[:count], *([tail] if tail else [])], tools, {"k": 1})
             assert later.key(count, tail, tools, {"k": 1}) == expected
     assert HistoryHash(parts).key(0, None, None, None) == key_of_json([], None, None)
+
+
+def test_keys_follow_the_tools_and_kwargs_they_are_given() -> None:
+    """The closing text written once per tools and kwargs is never another request's."""
+    parts = [canonical_json({"role": "user", "content": f"m{i}"}) for i in range(3)]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    other_tools = [{"type": "function", "function": {"name": "g"}}]
+    hashed = HistoryHash(parts)
+    for given_tools, kwargs in [
+        (tools, None),
+        (tools, None),
+        (other_tools, None),
+        (tools, {"k": 1}),
+        ([dict(tools[0])], {"k": 1}),
+        (None, None),
+        (tools, {"k": 2}),
+    ]:
+        assert hashed.key(3, None, given_tools, kwargs) == key_of_json(parts, given_tools, kwargs)
+        handed_on = HistoryHash([*parts, parts[0]], start=hashed)
+        assert handed_on.key(4, None, other_tools, kwargs) == key_of_json(
+            [*parts, parts[0]], other_tools, kwargs
+        )
+        assert handed_on.key(4, None, given_tools, kwargs) == key_of_json(
+            [*parts, parts[0]], given_tools, kwargs
+        )

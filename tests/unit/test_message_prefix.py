@@ -45,7 +45,7 @@ def test_known_history_is_reused_and_equals_a_full_validation() -> None:
     full = ChatCompletionRequest.model_validate(_body(USER, _call({"a": 1}), TOOL))
     assert second.message_forms() == full.message_forms()
     # Keys from the running hash the first request handed on, as a fresh request computes them.
-    assert second._reused_hash is first.history_hash()
+    assert second._cached().reused_hash is first.history_hash()
     for count in (3, 2):
         assert second.history_hash().key(count, b'"x"', None, None) == full.history_hash().key(
             count, b'"x"', None, None
@@ -104,7 +104,7 @@ def _tool_call(turn: int) -> dict[str, Any]:
     return {"id": f"c{turn}", "type": "function", "function": {"name": "read", "arguments": "{}"}}
 
 
-TOOLS = [
+MANY_TOOLS = [
     {
         "type": "function",
         "function": {
@@ -119,7 +119,7 @@ TOOLS = [
 
 @pytest.mark.parametrize(
     ("turns", "result_chars", "tools"),
-    [(1, 2, None), (8, 40, TOOLS), (8, 1200, None), (64, 1200, TOOLS), (3, 30_000, None)],
+    [(1, 2, None), (8, 40, MANY_TOOLS), (8, 1200, None), (64, 1200, MANY_TOOLS), (3, 30_000, None)],
 )
 def test_the_counted_bytes_cover_what_the_entries_hold(
     turns: int, result_chars: int, tools: list[dict[str, Any]] | None
@@ -157,3 +157,47 @@ def test_canonical_forms_are_kept_at_their_own_length() -> None:
     finally:
         tracemalloc.stop()
     assert held < 20 * 2 * len(kept[0])
+
+
+TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {"name": "read", "parameters": {"type": "object", "properties": {}}}},
+    {"type": "function", "function": {"name": "write", "description": None, "strict": True}},
+]
+
+
+def test_a_resent_tool_list_is_reused_and_equals_a_full_validation() -> None:
+    prefixes = MessagePrefixes()
+    first = prefixes.validate("s", {**_body(USER), "tools": TOOLS})
+    assert first is not None
+    plain = first.plain_tools()
+    assert plain == [tool.model_dump(exclude_none=True) for tool in first.tools or []]
+    second = prefixes.validate("s", {**_body(USER, _call({"a": 1}), TOOL), "tools": TOOLS})
+    assert second is not None
+    assert second.tools is first.tools
+    assert second.plain_tools() is plain
+    full = ChatCompletionRequest.model_validate({**_body(USER, _call({"a": 1}), TOOL), "tools": TOOLS})
+    assert second.tools == full.tools
+    assert second.plain_tools() == full.plain_tools()
+    assert second.model_dump() == full.model_dump()
+    assert second.model_fields_set == full.model_fields_set
+
+
+def test_a_tool_list_written_differently_or_invalid_is_validated_again() -> None:
+    prefixes = MessagePrefixes()
+    first = prefixes.validate("s", {**_body(USER), "tools": TOOLS})
+    assert first is not None
+    renamed = [TOOLS[0], {**TOOLS[1], "function": {**TOOLS[1]["function"], "strict": 1}}]
+    second = prefixes.validate("s", {**_body(USER), "tools": renamed})
+    assert second is not None
+    assert second.tools is not first.tools
+    assert second.plain_tools() == [
+        TOOLS[0] | {},
+        {"type": "function", "function": {"name": "write", "strict": 1}},
+    ]
+    # Refused as a full validation refuses it (None: FastAPI validates and answers).
+    assert prefixes.validate("s", {**_body(USER), "tools": [{"type": "other"}]}) is None
+    assert prefixes.validate("s", {**_body(USER), "tools": TOOLS}) is not None
+    without = prefixes.validate("s", _body(USER))
+    assert without is not None
+    assert without.tools is None
+    assert without.plain_tools() is None

@@ -179,3 +179,21 @@ def test_routed_experts_of_the_attempts_are_joined_or_dropped_whole() -> None:
     result = asyncio.run(ResumingEngine(ScriptedEngine([first, gap]), PauseGate()).generate([9], asked))
     assert result.output_ids == [1, 2, 3, 4]
     assert result.routed_experts is None
+
+
+def test_one_finished_attempt_is_answered_as_the_engine_sampled_it() -> None:
+    experts = RoutedExperts(0, np.zeros((2, 1, 1), dtype=np.int64))
+    asked = replace(PARAMS, routed_experts=ExpertsAsk(0, (1, 1)))
+    plain = _gen([1, 2], "stop", "a")
+    cases = [
+        (plain, PARAMS, plain),
+        (replace(plain, top_logprobs=[[(1, -0.1)], [(2, -0.2)]], meta={"id": "x"}), PARAMS, None),
+        (replace(plain, finish=FinishReason("length")), PARAMS, None),
+        (replace(plain, routed_experts=experts), asked, None),
+        (plain, asked, None),  # asked for, none sent: none recorded
+        # Sent without being asked for: not kept, as an attempt's experts are only kept when asked.
+        (replace(plain, routed_experts=experts), PARAMS, plain),
+    ]
+    for answer, params, expected in cases:
+        result = asyncio.run(ResumingEngine(ScriptedEngine([answer]), PauseGate()).generate([9], params))
+        assert result == (answer if expected is None else expected)
