@@ -23,12 +23,15 @@ import orjson
 
 from bench.harness import TOOLS, cpu_seconds, rss_mib, running_stack
 
-RESULT = "src/main.py: 3 lines changed"
+
+def result(session: str, turn: int) -> str:
+    """A tool result of its own (no cache of the proxy answers one turn from another's)."""
+    return f"src/main.py: 3 lines changed ({session}, turn {turn})"
 
 
 async def _session(client: aiohttp.ClientSession, urls: Sequence[str], session: str, turns: int) -> int:
     """A tool conversation of `turns` turns, turn k sent to urls[k mod len(urls)] (replicas)."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug."}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"Fix the bug of {session}."}]
     for turn in range(turns):
         body = {"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 64}
         async with client.post(
@@ -40,7 +43,11 @@ async def _session(client: aiohttp.ClientSession, urls: Sequence[str], session: 
             message = orjson.loads(await reply.read())["choices"][0]["message"]
         messages += [
             message,
-            {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": RESULT},
+            {
+                "role": "tool",
+                "tool_call_id": message["tool_calls"][0]["id"],
+                "content": result(session, turn),
+            },
         ]
     return turns
 

@@ -42,7 +42,7 @@ from bench.harness import (
     wait_healthy,
 )
 
-LONG_RESULT = tool_result(21)  # ~500 tokens per tool result, as in bench.turn_latency
+RESULT_LINES = 21  # ~500 tokens per tool result, as in bench.turn_latency
 _ANSWER = {
     "id": "chatcmpl-floor",
     "object": "chat.completion",
@@ -142,7 +142,7 @@ async def long_conversation(urls: Sequence[str], session: str, turns: int) -> li
     sent to urls[k mod len(urls)] (replicas)."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a coding agent."},
-        {"role": "user", "content": "Fix the bug in src/main.py."},
+        {"role": "user", "content": f"Fix the bug in src/main.py ({session})."},
     ]
     latencies = []
     async with aiohttp.ClientSession() as client:
@@ -160,7 +160,11 @@ async def long_conversation(urls: Sequence[str], session: str, turns: int) -> li
             message = answer["choices"][0]["message"]
             messages += [
                 message,
-                {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": LONG_RESULT},
+                {
+                    "role": "tool",
+                    "tool_call_id": message["tool_calls"][0]["id"],
+                    "content": tool_result(RESULT_LINES, f"{session} turn {turn}"),
+                },
             ]
     return latencies
 

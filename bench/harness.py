@@ -28,10 +28,13 @@ TOOLS = [
 ]
 
 
-def tool_result(lines: int) -> str:
-    """Code-like text, about 24 tokens a line."""
+def tool_result(lines: int, source: str = "") -> str:
+    """Code-like text, about 24 tokens a line; `source` names where it was read (a turn's own text,
+    so that no cache of the proxy answers a benchmark's turn from an earlier one)."""
+    heading = [f"# {source}"] if source else []
     return "\n".join(
-        f"    value_{i} = compute(value_{i - 1}, {i}) + offset  # step {i}" for i in range(1, lines + 1)
+        heading
+        + [f"    value_{i} = compute(value_{i - 1}, {i}) + offset  # step {i}" for i in range(1, lines + 1)]
     )
 
 

@@ -51,7 +51,6 @@ def _text(event: dict[str, Any], field: str) -> str:
 
 
 def measure(sessions: int) -> dict[str, Any]:
-    result = tool_result(21)
     measured = (1, TURNS)
     proxy_s: dict[int, list[float]] = {t: [] for t in measured}
     direct_s: dict[int, list[float]] = {t: [] for t in measured}
@@ -64,7 +63,8 @@ def measure(sessions: int) -> dict[str, Any]:
         for session in range(sessions):
             messages: list[dict[str, Any]] = [
                 {"role": "system", "content": "You are a coding agent."},
-                {"role": "user", "content": "Fix the bug in src/main.py."},
+                # Each session a task of its own, each result its own text (no cache answers a turn).
+                {"role": "user", "content": f"Fix the bug in src/main.py (task {session})."},
             ]
             url = f"{stack.proxy_url}/sessions/ttft-{session}/v1/chat/completions"
             for turn in range(1, TURNS + 1):
@@ -92,7 +92,10 @@ def measure(sessions: int) -> dict[str, Any]:
                     direct, _ = _first_token_s(client, f"{stack.engine_url}/generate", payload, "engine")
                     direct_s[turn].append(direct)
                 # A plain assistant turn, then a user message carrying a tool-sized result.
-                messages += [{"role": "assistant", "content": text}, {"role": "user", "content": result}]
+                messages += [
+                    {"role": "assistant", "content": text},
+                    {"role": "user", "content": tool_result(21, f"task {session} turn {turn}")},
+                ]
     rows: dict[str, Any] = {}
     for turn in measured:
         via = [v * 1000 for v in proxy_s[turn]]

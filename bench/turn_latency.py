@@ -22,7 +22,7 @@ import httpx
 
 from bench.harness import TOOLS, percentile, running_stack, tool_result
 
-TOOL_RESULT = tool_result(21)  # ~500 tokens per tool result: turn 64 carries ~32k tokens
+RESULT_LINES = 21  # ~500 tokens per tool result: turn 64 carries ~32k tokens
 
 
 def measure(sessions: int, turns: int, measured: tuple[int, ...]) -> dict[str, Any]:
@@ -35,7 +35,9 @@ def measure(sessions: int, turns: int, measured: tuple[int, ...]) -> dict[str, A
             for session in range(sessions):
                 messages: list[dict[str, Any]] = [
                     {"role": "system", "content": "You are a coding agent."},
-                    {"role": "user", "content": "Fix the bug in src/main.py."},
+                    # Each session a task of its own, each tool result its own text: what the proxy
+                    # caches (first prompts, encoded chunks) answers no measured turn from another.
+                    {"role": "user", "content": f"Fix the bug in src/main.py (task {session})."},
                 ]
                 sent_prompts: dict[int, int] = {}
                 for turn in range(1, turns + 1):
@@ -56,7 +58,7 @@ def measure(sessions: int, turns: int, measured: tuple[int, ...]) -> dict[str, A
                         {
                             "role": "tool",
                             "tool_call_id": message["tool_calls"][0]["id"],
-                            "content": TOOL_RESULT,
+                            "content": tool_result(RESULT_LINES, f"task {session} turn {turn}"),
                         }
                     )
                 [segment] = client.get(f"{proxy_url}/sessions/bench-{session}/trajectory").json()["segments"]

@@ -80,6 +80,12 @@ class FirstPrompts:
             self._texts[key] = text
             self._chars += size
 
+    def clear(self) -> None:
+        """Forget every text (bench.rerender times cold renders with it)."""
+        with self._lock:
+            self._texts.clear()
+            self._chars = 0
+
     def cached(self) -> tuple[int, int]:
         """Entries and characters (key bytes plus text) held now."""
         with self._lock:

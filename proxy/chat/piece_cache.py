@@ -164,6 +164,12 @@ class PieceCache:
     def _fits(self, chars: int, ids: int) -> bool:
         return chars * _LARGEST_SHARE <= self.max_chars and ids * _LARGEST_SHARE <= self.max_ids
 
+    def clear(self) -> None:
+        """Forget every chunk (bench.rerender times cold encodes with it)."""
+        with self._lock:
+            self._chunks.clear()
+            self._ids = self._chars = 0
+
     def cached(self) -> tuple[int, int, int]:
         """Chunks, ids and characters held now."""
         with self._lock:

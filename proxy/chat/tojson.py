@@ -81,6 +81,12 @@ class CachedToJson:
             self._dumps[key] = text
             self._chars += size
 
+    def clear(self) -> None:
+        """Forget every dump (bench.rerender times cold renders with it)."""
+        with self._lock:
+            self._dumps.clear()
+            self._chars = 0
+
     def cached(self) -> tuple[int, int]:
         """Entries and characters (key bytes plus text) held now."""
         with self._lock:
