@@ -121,8 +121,10 @@ def _plain_call(route: APIRoute) -> _Call | None:
 _READ_REQUEST = "tito.harness_request"
 
 
-class _NotPlain(Exception):
-    """The plain call does not answer this request: FastAPI's handler must (see _plain_first)."""
+class _NotPlain(BaseException):
+    """The plain call does not answer this request: FastAPI's handler must (see _plain_first). A
+    BaseException: a subclass's handler wrapper that answers every Exception (Anthropic's error
+    shape) passes it on to _plain_first instead of answering it as an error."""
 
 
 class HarnessRoute(OrjsonRoute):
