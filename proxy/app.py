@@ -283,7 +283,7 @@ class WorkerHeader:
 
 
 # Container allocations between collections of the youngest generation (CPython's default: 700).
-YOUNG_GC_THRESHOLD = 5_000
+YOUNG_GC_THRESHOLD = 20_000
 
 
 def _freeze_startup_heap() -> None:
@@ -297,7 +297,14 @@ def _freeze_startup_heap() -> None:
     generation is collected several times a turn and its survivors promoted into ever more middle
     collections. At 5,000 the collector's CPU under `bench.concurrency` fell by a third (0.41 s -> 0.28 s
     over 2,048 turns, timed with gc.callbacks), with the same resident memory under
-    `bench.memory_soak` and no worse p99 in `bench.turn_latency`."""
+    `bench.memory_soak` and no worse p99 in `bench.turn_latency`.
+
+    At 20,000 (#17): under that load most of what a young collection walks is the state of the ~256
+    requests in flight (coroutines, their frames, bodies), walked again at every collection and again
+    in the middle generation. Collected four times less often, the collector's CPU fell from ~0.08 to
+    ~0.03 ms a turn (4 interleaved pairs, gc.callbacks timed with thread_time), its longest pause no
+    longer (~15-20 ms: a young collection now, a middle one before). A sequential conversation
+    allocates too little to be collected more than once in ~200 turns at either threshold."""
     gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()

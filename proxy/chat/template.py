@@ -146,6 +146,11 @@ class ChatTemplate:
         env.globals["namespace"] = _Namespace
         self._ast = env.parse(source)
         self._compiled = env.from_string(self._ast)
+        # Jinja keeps a template's globals as a ChainMap over its environment's, and every render
+        # copies them into its context (dict(globals, **variables), then set(globals)), walking both
+        # maps: a quarter of a short render. This environment is the template's own and its globals
+        # are all set above, before compiling, so a flat copy is the same mapping.
+        self._compiled.globals = dict(self._compiled.globals)
         self._globals = frozenset(env.globals)
         # Jinja's only sources of randomness: the `random` filter and the `lipsum` global.
         filters = {node.name for node in self._ast.find_all(jinja2.nodes.Filter)}
