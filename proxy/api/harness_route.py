@@ -121,8 +121,10 @@ def _plain_call(route: APIRoute) -> _Call | None:
 _READ_REQUEST = "tito.harness_request"
 
 
-class _NotPlain(Exception):
-    """The plain call does not answer this request: FastAPI's handler must (see _plain_first)."""
+class _NotPlain(BaseException):
+    """The plain call does not answer this request: FastAPI's handler must (see _plain_first).
+    Not an Exception, so that a route's wrapper that answers every error (Anthropic's, in its own
+    shape) lets it through to _plain_first instead of answering it as a 500."""
 
 
 class HarnessRoute(OrjsonRoute):
