@@ -94,6 +94,21 @@ _INERT = frozenset(
 )
 
 
+def template_kwargs(
+    thinking: dict[str, Any] | None, output_config: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The template variables a request sets: the same for a turn and for count_tokens."""
+    kwargs: dict[str, Any] = {}
+    if (thinking or {}).get("type") == "disabled":
+        kwargs["enable_thinking"] = False  # read by Qwen3 and GLM templates
+    effort = (output_config or {}).get("effort")
+    if effort:
+        if not isinstance(effort, str):
+            raise InvalidRequest("output_config.effort must be a string", param="output_config.effort")
+        kwargs["reasoning_effort"] = effort  # read by gpt-oss
+    return kwargs or None
+
+
 class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     # Free-form values are checked for depth where they enter (proxy/json_limits.py), extras too.
@@ -155,13 +170,7 @@ class MessagesRequest(BaseModel):
             raise UnsupportedParameter("unknown thinking type", param="thinking.type")
 
     def template_kwargs(self) -> dict[str, Any] | None:
-        kwargs: dict[str, Any] = {}
-        if (self.thinking or {}).get("type") == "disabled":
-            kwargs["enable_thinking"] = False  # read by Qwen3 and GLM templates
-        effort = (self.output_config or {}).get("effort")
-        if effort:
-            kwargs["reasoning_effort"] = effort  # read by gpt-oss
-        return kwargs or None
+        return template_kwargs(self.thinking, self.output_config)
 
     def response_format(self) -> dict[str, Any] | None:
         found = (self.output_config or {}).get("format")
@@ -184,6 +193,7 @@ class CountTokensRequest(BaseModel):
     tools: Annotated[list[dict[str, Any]] | None, Shallow] = None
     tool_choice: Annotated[dict[str, Any] | None, Shallow] = None
     thinking: Annotated[dict[str, Any] | None, Shallow] = None
+    output_config: Annotated[dict[str, Any] | None, Shallow] = None
 
 
 @router.post("/messages", response_model=None)
@@ -236,7 +246,7 @@ async def count_tokens(body: CountTokensRequest, state: StateDep) -> dict[str, A
 
 def _rendered_length(state: AppState, body: CountTokensRequest) -> int:
     messages = anthropic_messages(body.system, body.messages, state.sealer)
-    kwargs = {"enable_thinking": False} if (body.thinking or {}).get("type") == "disabled" else None
+    kwargs = template_kwargs(body.thinking, body.output_config)
     return len(
         state.renderer.render_prompt(
             messages, tools=chat_tools(body.tools) or None, template_kwargs=kwargs, now=datetime.now()
