@@ -18,28 +18,14 @@ from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import Shallow
 from proxy.app_state import AppState
+from proxy.dialects.anthropic_errors import error_body
 from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice, chat_tools
-from proxy.dialects.anthropic_output import MessageShape, error_payload
+from proxy.dialects.anthropic_output import MessageShape
 from proxy.dialects.anthropic_stream import message_events
 from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import answer_turn
 from proxy.errors import InvalidRequest, UnsupportedParameter
 from proxy.observe import context
-
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    409: "invalid_request_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-}
-
-
-def error_body(status: int, message: str, request_id: str | None = None) -> dict[str, Any]:
-    return error_payload(_ERROR_TYPES.get(status, "api_error"), message, request_id)
 
 
 async def _app_answer(request: Request, exc: Exception) -> Response:
