@@ -173,3 +173,43 @@ def test_a_pause_sent_to_one_worker_holds_on_every_worker(
             )
         served = _on_every_worker(url, turn)
         assert {r.status_code for r in served.values()} == {200}, [r.text for r in served.values()]
+
+
+def test_a_session_deleted_and_recreated_across_workers_never_continues_its_old_record(
+    database_url: str, engine: FakeSGLang, qwen_dir: Path, qwen_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """Rounds of: a turn, the session deleted, the same history and a new message under the same id,
+    each request on a fresh connection (either worker). Whichever worker held the old record's
+    context and validated messages, the re-created session's turn is a first render (Qwen3's
+    template drops the earlier reasoning, the deleted record's ids keep it): one call, exact."""
+    env = {"TITO_DB": database_url, "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
+    im_end = token_id(qwen_tokenizer, "<|im_end|>")
+    close = {"connection": "close"}
+    chat = "{}/sessions/again/v1/chat/completions"
+    with spawn_proxy(["--tokenizer", str(qwen_dir), "--workers", "2"], env, tmp_path / "serve.log") as (
+        _,
+        url,
+    ):
+        _wait_for_two_workers(url)
+        for _ in range(6):
+            engine.push([*qwen_tokenizer.encode("<think>\nold plan\n</think>\n\nfirst").ids, im_end])
+            messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+            body = {"model": "m", "messages": messages, "max_tokens": 32}
+            first = httpx.post(chat.format(url), json=body, headers=close, timeout=60)
+            assert first.status_code == 200, first.text
+            messages += [first.json()["choices"][0]["message"], {"role": "user", "content": "next"}]
+            assert httpx.delete(f"{url}/sessions/again", headers=close).status_code in (200, 204)
+            output = engine.push([*qwen_tokenizer.encode("second").ids, im_end])
+            again = httpx.post(
+                chat.format(url), json={**body, "messages": messages}, headers=close, timeout=60
+            )
+            assert again.status_code == 200, again.text
+            prompt = qwen_tokenizer.decode(engine.requests[-1]["input_ids"], skip_special_tokens=False)
+            assert "old plan" not in prompt
+            assert httpx.post(f"{url}/sessions/again/finish", headers=close).status_code == 200
+            answer = httpx.get(f"{url}/sessions/again/samples", params={"mode": "merged"}, timeout=60)
+            rows = answer.json()["samples"]
+            assert len(rows) == 1, rows
+            assert rows[0]["num_calls"] == 1
+            assert_invariants(rows[0], engine.requests[-1:], [output])
+            assert httpx.delete(f"{url}/sessions/again", headers=close).status_code in (200, 204)
