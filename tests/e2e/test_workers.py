@@ -213,3 +213,54 @@ def test_a_session_deleted_and_recreated_across_workers_never_continues_its_old_
             assert rows[0]["num_calls"] == 1
             assert_invariants(rows[0], engine.requests[-1:], [output])
             assert httpx.delete(f"{url}/sessions/again", headers=close).status_code in (200, 204)
+
+
+def _streamed_text(stream: str) -> str:
+    """The text deltas of a Responses or Anthropic stream, joined."""
+    events = [orjson.loads(line[6:]) for line in stream.splitlines() if line.startswith("data: ")]
+    pieces = [e.get("delta") for e in events if e["type"] == "response.output_text.delta"]
+    pieces += [e["delta"].get("text") for e in events if e["type"] == "content_block_delta"]
+    return "".join(piece for piece in pieces if isinstance(piece, str))
+
+
+DIALECT_BODIES: dict[str, dict[str, Any]] = {
+    "responses": {"model": "m", "input": "hi", "max_output_tokens": 16},
+    "messages": {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
+}
+
+
+def test_dialect_retries_on_either_worker_are_answered_from_the_record(
+    database_url: str, engine: FakeSGLang, qwen_dir: Path, qwen_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """An Idempotency-Key retry of a Responses or Anthropic turn, plain or streamed, sent again on
+    fresh connections until both workers answered it: sampled once, replayed with the same answer."""
+    env = {"TITO_DB": database_url, "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
+    im_end = token_id(qwen_tokenizer, "<|im_end|>")
+    with spawn_proxy(["--tokenizer", str(qwen_dir), "--workers", "2"], env, tmp_path / "serve.log") as (
+        _,
+        url,
+    ):
+        _wait_for_two_workers(url)
+        for route in ("responses", "messages"):
+            for stream in (False, True):
+                engine.requests.clear()
+                engine.push([*qwen_tokenizer.encode("only once").ids, im_end])
+                path = f"{url}/sessions/retry-{route}-{stream}/v1/{route}"
+                body = {**DIALECT_BODIES[route], "stream": stream}
+                headers = {"idempotency-key": "k", "connection": "close"}
+                workers, texts, replayed = set(), [], []
+                for _ in range(12):
+                    reply = httpx.post(path, json=body, headers=headers, timeout=60)
+                    assert reply.status_code == 200, reply.text
+                    workers.add(reply.headers["x-tito-worker"])
+                    replayed.append(reply.headers.get("x-tito-replayed"))
+                    texts.append(_streamed_text(reply.text) if stream else orjson.loads(reply.text))
+                    if len(workers) == 2 and len(texts) >= 3:
+                        break
+                assert len(workers) == 2, (route, stream)
+                assert len(engine.requests) == 1, (route, stream)
+                assert replayed[0] is None
+                assert set(replayed[1:]) == {"true"}
+                assert all("only once" in str(text) for text in texts), (route, stream, texts)
+                if not stream:
+                    assert len({str(text["id"]) for text in texts}) == 1
