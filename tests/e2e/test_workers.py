@@ -248,7 +248,9 @@ def test_dialect_retries_on_either_worker_are_answered_from_the_record(
                 path = f"{url}/sessions/retry-{route}-{stream}/v1/{route}"
                 body = {**DIALECT_BODIES[route], "stream": stream}
                 headers = {"idempotency-key": "k", "connection": "close"}
-                workers, texts, replayed = set(), [], []
+                workers: set[str] = set()
+                texts: list[Any] = []
+                replayed: list[str | None] = []
                 for _ in range(12):
                     reply = httpx.post(path, json=body, headers=headers, timeout=60)
                     assert reply.status_code == 200, reply.text
