@@ -266,3 +266,34 @@ def test_dialect_retries_on_either_worker_are_answered_from_the_record(
                 assert all("only once" in str(text) for text in texts), (route, stream, texts)
                 if not stream:
                     assert len({str(text["id"]) for text in texts}) == 1
+
+
+def test_a_weight_version_set_on_one_worker_is_recorded_by_both(
+    database_url: str, engine: FakeSGLang, qwen_dir: Path, qwen_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """The engine names no version: each turn records the trainer's, whichever worker set it and
+    whichever answers, after both have served turns under the previous one (no cached version)."""
+    env = {"TITO_DB": database_url, "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
+    engine.weight_version = None  # type: ignore[assignment]
+    close = {"connection": "close"}
+    with spawn_proxy(["--tokenizer", str(qwen_dir), "--workers", "2"], env, tmp_path / "serve.log") as (
+        _,
+        url,
+    ):
+        _wait_for_two_workers(url)
+        for version in ("step-1", "step-2", "step-3"):
+            set_version = {"weight_version": version}
+            assert httpx.post(f"{url}/admin/weight_version", json=set_version, headers=close).is_success
+            workers: set[str] = set()
+            for turn in range(12):
+                body = {"model": "m", "messages": [{"role": "user", "content": f"{version} {turn}"}]}
+                reply = httpx.post(f"{url}/v1/chat/completions", json=body, headers=close, timeout=60)
+                assert reply.status_code == 200, reply.text
+                workers.add(reply.headers["x-tito-worker"])
+                session = reply.headers["x-session-id"]
+                answer = httpx.get(f"{url}/sessions/{session}/samples", headers=close, timeout=60)
+                [row] = answer.json()["samples"]
+                assert row["weight_version"] == version, (version, reply.headers["x-tito-worker"])
+                if len(workers) == 2 and turn >= 2:
+                    break
+            assert len(workers) == 2, version
