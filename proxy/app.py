@@ -37,6 +37,8 @@ from proxy.chat.renderer import Renderer
 from proxy.chat.tokenizer import load_tokenizer_files
 from proxy.config import Settings
 from proxy.dialects import anthropic, chat, completions, responses
+from proxy.dialects.anthropic_errors import error_body as anthropic_error_body
+from proxy.dialects.anthropic_errors import is_anthropic_path
 from proxy.dialects.seals import Sealer
 from proxy.engines.base import Engine
 from proxy.engines.checked import CheckedEngine
@@ -49,7 +51,7 @@ from proxy.errors import (
     with_request_id,
 )
 from proxy.export.summaries import store_on_finish
-from proxy.observe import metrics_route, ui
+from proxy.observe import context, metrics_route, ui
 from proxy.observe.framework_telemetry import fastapi_telemetry
 from proxy.observe.logs import install_record_ids
 from proxy.observe.metrics import Metrics
@@ -364,13 +366,22 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error.envelope(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """The router's own refusals (no such route, 404; a route without this method, 405 with its
+        `Allow` header), in the envelope of the dialect the path belongs to."""
         metrics.failed(exc.status_code, None, False)
+        headers = dict(exc.headers or {})
+        if is_anthropic_path(request.url.path):
+            request_id = context.request_id.get()
+            if request_id is not None:
+                headers["request-id"] = request_id
+            anthropic = anthropic_error_body(exc.status_code, str(exc.detail), request_id)
+            return JSONResponse(anthropic, status_code=exc.status_code, headers=headers)
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         body = with_request_id(
             {"error": {"message": str(exc.detail), "type": kind, "param": None, "code": None}}
         )
-        return JSONResponse(body, status_code=exc.status_code)
+        return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -11,6 +11,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy import native_memory
+from proxy.dialects.anthropic_errors import error_body, is_anthropic_path
 from proxy.errors import PayloadTooLarge
 
 _LARGE_BODY = 256 * 1024
@@ -57,7 +58,10 @@ class BodyLimit:
         error = PayloadTooLarge(
             f"the request body is larger than {self.max_bytes} bytes (--max-body-bytes)", param=None
         )
-        body = orjson.dumps(_anthropic(error) if _is_anthropic(scope) else error.envelope())
+        envelope = error.envelope()
+        if is_anthropic_path(str(scope.get("path", ""))):
+            envelope = error_body(error.status_code, error.message, envelope["error"].get("request_id"))
+        body = orjson.dumps(envelope)
         await send(
             {
                 "type": "http.response.start",
@@ -70,17 +74,6 @@ class BodyLimit:
             }
         )
         await send({"type": "http.response.body", "body": body})
-
-
-def _is_anthropic(scope: Scope) -> bool:
-    """The Anthropic routes answer in Anthropic's error shape (proxy/dialects/anthropic.py)."""
-    return str(scope.get("path", "")).endswith(("/v1/messages", "/v1/messages/count_tokens"))
-
-
-def _anthropic(error: PayloadTooLarge) -> dict[str, Any]:
-    envelope = error.envelope()["error"]
-    found = {"type": "request_too_large", "message": error.message, "request_id": envelope.get("request_id")}
-    return {"type": "error", "error": found, "request_id": envelope.get("request_id")}
 
 
 def _declared_length(scope: Scope) -> int:

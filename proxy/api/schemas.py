@@ -126,7 +126,7 @@ def _dumps(value: Any) -> str:
 
 class FunctionDefinition(BaseModel):
     model_config = ConfigDict(extra="allow")
-    name: str
+    name: str = Field(min_length=1)  # a tool without a name cannot be called (OpenAI: a 400 too)
     description: str | None = None
     parameters: dict[str, Any] | None = None
 

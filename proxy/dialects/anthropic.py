@@ -18,28 +18,14 @@ from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import Shallow
 from proxy.app_state import AppState
+from proxy.dialects.anthropic_errors import error_body
 from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice, chat_tools
-from proxy.dialects.anthropic_output import MessageShape, error_payload
+from proxy.dialects.anthropic_output import MessageShape
 from proxy.dialects.anthropic_stream import message_events
 from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import answer_turn
 from proxy.errors import InvalidRequest, UnsupportedParameter
 from proxy.observe import context
-
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    409: "invalid_request_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-}
-
-
-def error_body(status: int, message: str, request_id: str | None = None) -> dict[str, Any]:
-    return error_payload(_ERROR_TYPES.get(status, "api_error"), message, request_id)
 
 
 async def _app_answer(request: Request, exc: Exception) -> Response:
@@ -92,6 +78,21 @@ _INERT = frozenset(
         "diagnostics",
     }
 )
+
+
+def template_kwargs(
+    thinking: dict[str, Any] | None, output_config: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The template variables a request sets: the same for a turn and for count_tokens."""
+    kwargs: dict[str, Any] = {}
+    if (thinking or {}).get("type") == "disabled":
+        kwargs["enable_thinking"] = False  # read by Qwen3 and GLM templates
+    effort = (output_config or {}).get("effort")
+    if effort:
+        if not isinstance(effort, str):
+            raise InvalidRequest("output_config.effort must be a string", param="output_config.effort")
+        kwargs["reasoning_effort"] = effort  # read by gpt-oss
+    return kwargs or None
 
 
 class MessagesRequest(BaseModel):
@@ -155,13 +156,7 @@ class MessagesRequest(BaseModel):
             raise UnsupportedParameter("unknown thinking type", param="thinking.type")
 
     def template_kwargs(self) -> dict[str, Any] | None:
-        kwargs: dict[str, Any] = {}
-        if (self.thinking or {}).get("type") == "disabled":
-            kwargs["enable_thinking"] = False  # read by Qwen3 and GLM templates
-        effort = (self.output_config or {}).get("effort")
-        if effort:
-            kwargs["reasoning_effort"] = effort  # read by gpt-oss
-        return kwargs or None
+        return template_kwargs(self.thinking, self.output_config)
 
     def response_format(self) -> dict[str, Any] | None:
         found = (self.output_config or {}).get("format")
@@ -184,6 +179,7 @@ class CountTokensRequest(BaseModel):
     tools: Annotated[list[dict[str, Any]] | None, Shallow] = None
     tool_choice: Annotated[dict[str, Any] | None, Shallow] = None
     thinking: Annotated[dict[str, Any] | None, Shallow] = None
+    output_config: Annotated[dict[str, Any] | None, Shallow] = None
 
 
 @router.post("/messages", response_model=None)
@@ -236,7 +232,7 @@ async def count_tokens(body: CountTokensRequest, state: StateDep) -> dict[str, A
 
 def _rendered_length(state: AppState, body: CountTokensRequest) -> int:
     messages = anthropic_messages(body.system, body.messages, state.sealer)
-    kwargs = {"enable_thinking": False} if (body.thinking or {}).get("type") == "disabled" else None
+    kwargs = template_kwargs(body.thinking, body.output_config)
     return len(
         state.renderer.render_prompt(
             messages, tools=chat_tools(body.tools) or None, template_kwargs=kwargs, now=datetime.now()

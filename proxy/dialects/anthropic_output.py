@@ -14,15 +14,6 @@ from proxy.dialects.shared import arguments_object
 from proxy.turns import TurnResult
 
 
-def error_payload(kind: str, message: str, request_id: str | None) -> dict[str, Any]:
-    """Anthropic's error body (also an `error` event's data), with the request id where Anthropic
-    puts it (beside the error) and where every envelope of this proxy has it (inside)."""
-    error: dict[str, Any] = {"type": kind, "message": message}
-    if request_id is None:
-        return {"type": "error", "error": error}
-    return {"type": "error", "error": {**error, "request_id": request_id}, "request_id": request_id}
-
-
 @dataclass(frozen=True)
 class MessageShape:
     message_id: str

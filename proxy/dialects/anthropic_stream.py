@@ -14,7 +14,8 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.anthropic_output import MessageShape, error_payload
+from proxy.dialects.anthropic_errors import error_payload
+from proxy.dialects.anthropic_output import MessageShape
 from proxy.dialects.turn_events import Answer, Failed, Finished, Keepalive, TextDelta, ToolCallDelta
 
 

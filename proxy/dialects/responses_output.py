@@ -47,14 +47,16 @@ class ResponseShape:
         return f"fc_{self._suffix}_{index}"
 
     def reasoning_item(self, text: str, status: str = "completed") -> dict[str, Any]:
+        # An item still in progress shows no text yet; a finished or cut one shows what was sampled.
+        written = status != "in_progress"
         item: dict[str, Any] = {
             "id": self.reasoning_id(),
             "type": "reasoning",
             "summary": [],
-            "content": [{"type": "reasoning_text", "text": text}] if status == "completed" else [],
+            "content": [{"type": "reasoning_text", "text": text}] if written else [],
             "status": status,
         }
-        if self.sealer is not None and status == "completed":
+        if self.sealer is not None and written:
             item["encrypted_content"] = self.sealer.envelope(text)
         return item
 
@@ -64,7 +66,7 @@ class ResponseShape:
             "type": "message",
             "role": "assistant",
             "status": status,
-            "content": [output_text(text)] if status == "completed" else [],
+            "content": [output_text(text)] if status != "in_progress" else [],
         }
 
     def call_item(
@@ -90,11 +92,14 @@ class ResponseShape:
 
     def output(self, result: TurnResult) -> list[dict[str, Any]]:
         parsed = result.output
+        # max_output_tokens cut the last text item; a parsed function call is whole, so never cut.
+        cut = status_of(result) == "incomplete" and not parsed.tool_calls
         items = []
         if parsed.reasoning_content:
-            items.append(self.reasoning_item(parsed.reasoning_content))
+            cut_here = cut and not parsed.content
+            items.append(self.reasoning_item(parsed.reasoning_content, _item_status(cut_here)))
         if parsed.content:
-            items.append(self.message_item(parsed.content))
+            items.append(self.message_item(parsed.content, _item_status(cut)))
         for index, call in enumerate(parsed.tool_calls):
             function = call["function"]
             items.append(self.call_item(index, call["id"], function["name"], function["arguments"]))
@@ -147,6 +152,10 @@ class ResponseShape:
 
     def completed(self, result: TurnResult) -> dict[str, Any]:
         return self.response(status_of(result), self.output(result), self.usage(result))
+
+
+def _item_status(cut: bool) -> str:
+    return "incomplete" if cut else "completed"
 
 
 def status_of(result: TurnResult) -> str:

@@ -66,17 +66,25 @@ class _Writer:
         events.append(self.event(name, **self._item_fields(), content_index=0, delta=delta, **extra))
         return events
 
-    def close(self) -> list[bytes]:
-        """Finish the open reasoning or message item."""
+    def open_item(self, status: str) -> dict[str, Any]:
+        if self.open_kind == "reasoning":
+            return self.shape.reasoning_item(self.text, status)
+        return self.shape.message_item(self.text, status)
+
+    def produced(self) -> list[dict[str, Any]]:
+        """The items so far, the open one as cut (`incomplete`): what a failed response carries."""
+        return self.output if self.open_kind is None else [*self.output, self.open_item("incomplete")]
+
+    def close(self, status: str = "completed") -> list[bytes]:
+        """Finish the open reasoning or message item (`incomplete` when max_output_tokens cut it)."""
         if self.open_kind is None:
             return []
         fields = {**self._item_fields(), "content_index": 0}
+        item = self.open_item(status)
         if self.open_kind == "reasoning":
-            item = self.shape.reasoning_item(self.text)
             part: dict[str, Any] = {"type": "reasoning_text", "text": self.text}
             events = [self.event("response.reasoning_text.done", **fields, text=self.text)]
         else:
-            item = self.shape.message_item(self.text)
             part = output_text(self.text)
             events = [self.event("response.output_text.done", **fields, text=self.text, logprobs=[])]
         events.append(self.event("response.content_part.done", **fields, part=part))
@@ -135,16 +143,16 @@ async def response_events(
                 )
                 failed = shape.response(
                     "failed",
-                    writer.output,
+                    writer.produced(),
                     error={"code": error.get("code") or "server_error", "message": error.get("message")},
                 )
                 yield writer.event("response.failed", response=failed)
                 # No return: the core ends its stream by recording the partial turn as aborted.
             elif isinstance(event, Finished):
-                for chunk in writer.close():
-                    yield chunk
                 result = event.result
                 status = status_of(result)
+                for chunk in writer.close(status):
+                    yield chunk
                 # The items as recorded: the final parse decides, the streamed pieces only preview it.
                 final = shape.response(status, shape.output(result), shape.usage(result))
                 yield writer.event(f"response.{status}", response=final)

@@ -3,6 +3,7 @@ plain and streamed, one exact segment (I1-I6); signatures we did not issue; erro
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -10,10 +11,15 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
+from proxy.app import create_app
+from proxy.chat.renderer import Renderer
+from proxy.chat.tokenizer import load_tokenizer_files
+from proxy.config import Settings
 from tests.e2e.test_responses import call_text, push
 from tests.fakes.sglang import FakeSGLang
+from tests.families import FAMILIES, build_tokenizer_dir
 from tests.invariants import assert_invariants
-from tests.support import segments
+from tests.support import segments, serve
 
 TOOLS: Any = [
     {
@@ -165,3 +171,28 @@ def test_a_stop_sequence_ends_the_turn_and_is_named(
     assert block.type == "text"
     assert block.text == "abc "  # the text before the stop sequence, as chat's stop strings
     assert engine.requests[-1]["sampling_params"]["top_k"] == 5
+
+
+def test_count_tokens_counts_what_messages_renders_with_every_template_field(tmp_path: Path) -> None:
+    """Every field that reaches the template counts: gpt-oss's template writes
+    `output_config.effort` as its reasoning effort (and `thinking` off changes nothing there)."""
+    directory = build_tokenizer_dir(FAMILIES["gpt_oss"], tmp_path / "gpt-oss")
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    stops = Renderer(load_tokenizer_files(directory)).stop_token_ids
+    engine = FakeSGLang(tokenizer=tokenizer, eos_ids=stops, vocab_size=tokenizer.get_vocab_size())
+    base: Any = {"model": "m", "system": "Be brief.", "messages": [{"role": "user", "content": "hi"}]}
+    with serve(engine.app()) as engine_url:
+        settings = Settings(engine_url=engine_url, tokenizer=directory, db=f"sqlite:///{tmp_path / 'c.db'}")
+        with serve(create_app(settings)) as url:
+            for extra in (
+                {},
+                {"output_config": {"effort": "the-highest-effort-there-is"}},
+                {"tools": TOOLS, "thinking": {"type": "disabled"}, "output_config": {"effort": "low"}},
+            ):
+                body = {**base, **extra}
+                counted = httpx.post(f"{url}/v1/messages/count_tokens", json=body, timeout=30)
+                assert counted.status_code == 200, counted.text
+                sent = httpx.post(f"{url}/v1/messages", json={**body, "max_tokens": 4}, timeout=30)
+                assert sent.status_code == 200, sent.text
+                assert counted.json()["input_tokens"] == len(engine.requests[-1]["input_ids"]), extra
+    assert not engine.crashed

@@ -58,3 +58,33 @@ def test_the_anthropic_sdk_reads_the_request_id(proxy_url: str) -> None:
     with pytest.raises(anthropic.BadRequestError) as refused:
         client.messages.create(model="m", max_tokens=16, messages=[])
     assert refused.value.request_id == "req-9"
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/messages", "/sessions/m405/v1/messages", "/v1/messages/count_tokens", "/v1/messages/batches"],
+)
+def test_a_wrong_method_or_route_under_messages_answers_in_anthropics_shape(
+    proxy_url: str, path: str
+) -> None:
+    """Refused before any route runs (405, or 404 for a route that does not exist), still in
+    Anthropic's shape, with the request named in `request-id`."""
+    answer = httpx.get(proxy_url + path, headers={"x-request-id": "req-405"}, timeout=30)
+    assert answer.status_code in (404, 405)
+    body = answer.json()
+    assert body["type"] == "error"
+    kind = "not_found_error" if answer.status_code == 404 else "invalid_request_error"
+    assert body["error"]["type"] == kind
+    assert body["error"]["message"]
+    assert body["request_id"] == "req-405"
+    assert answer.headers["request-id"] == "req-405"
+    if answer.status_code == 405:
+        assert answer.headers["allow"] == "POST"
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/chat/completions", "/sessions/m405/v1/responses"])
+def test_a_wrong_method_on_an_openai_route_is_a_405_in_openais_envelope(proxy_url: str, path: str) -> None:
+    answer = httpx.get(proxy_url + path, timeout=30)
+    assert answer.status_code == 405
+    assert answer.headers["allow"] == "POST"
+    assert answer.json()["error"]["type"] == "invalid_request_error"

@@ -110,3 +110,21 @@ def test_an_anthropic_stream_error_keeps_its_kind(
     response = httpx.post(f"{proxy_url}/sessions/kind/v1/messages", json=BODIES["messages"], timeout=30)
     [error] = [event for event in _data(response.text.splitlines()) if event["type"] == "error"]
     assert error["error"]["type"] == "invalid_request_error"
+
+
+def test_a_failed_response_carries_what_was_produced(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    """`response.failed` is a Response like any other: its `output` holds the items streamed before
+    the fault, the one the fault cut as `incomplete` with the text the client already got."""
+    engine.fault = "cut_stream"
+    engine.push([*qwen_tokenizer.encode(" word" * 20).ids, token_id(qwen_tokenizer, "<|im_end|>")])
+    response = httpx.post(f"{proxy_url}/sessions/cut-out/v1/responses", json=BODIES["responses"], timeout=30)
+    events = _data(response.text.splitlines())
+    streamed = "".join(event["delta"] for event in events if event["type"] == "response.output_text.delta")
+    assert streamed, "the fault should come after some text"
+    failed = events[-1]
+    assert failed["type"] == "response.failed"
+    [item] = failed["response"]["output"]
+    assert (item["type"], item["status"]) == ("message", "incomplete")
+    assert item["content"][0]["text"] == streamed

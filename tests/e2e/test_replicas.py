@@ -199,3 +199,59 @@ def test_a_weight_version_set_on_one_replica_is_recorded_by_the_other(replicas: 
         params={"session_ids": "versions", "status": "all", "mode": "stepwise", "branches": "all"},
     ).text.splitlines()
     assert [orjson.loads(line)["weight_version"] for line in steps][-1] == "step-7"
+
+
+def test_a_session_deleted_on_one_replica_and_recreated_starts_afresh_on_the_other(
+    replicas: Replicas,
+) -> None:
+    """A holds the session's contexts and validated messages in memory; B deletes the session; the
+    same history resent to A under the same id must not continue the deleted record: a first render,
+    in which Qwen3's template drops the earlier turn's reasoning, one call in one segment."""
+    replicas.fresh()
+    session = "recreated"
+    replicas.push("<think>\nsecret plan\n</think>\n\nfirst")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    body = {"model": "m", "messages": messages, "max_tokens": 32}
+    first = _chat(replicas[0], session, body).json()["choices"][0]["message"]
+    messages += [{"role": "assistant", "content": first["content"], "reasoning_content": "secret plan"}]
+    messages += [{"role": "user", "content": "next"}]
+    assert httpx.delete(f"{replicas[1]}/sessions/{session}").status_code in (200, 204)
+    output = replicas.push("second")
+    assert _chat(replicas[0], session, {**body, "messages": messages}).status_code == 200
+    prompt = replicas.tokenizer.decode(replicas.engine.requests[-1]["input_ids"], skip_special_tokens=False)
+    assert "secret plan" not in prompt  # a fresh render, not the deleted record's ids
+    rows = _finished_export(replicas[1], session)
+    assert [row["num_calls"] for row in rows] == [1]
+    assert_invariants(rows[0], replicas.engine.requests[-1:], [output])
+
+
+DIALECT_BODIES: dict[str, dict[str, Any]] = {
+    "responses": {"model": "m", "input": "hi", "max_output_tokens": 16},
+    "messages": {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("route", ["responses", "messages"])
+def test_a_dialect_retry_on_the_other_replica_is_answered_from_the_record(
+    replicas: Replicas, route: str, stream: bool
+) -> None:
+    """Idempotency-Key on Responses and Anthropic: the copy sent to B replays A's answer, ids and
+    all, and the engine samples once."""
+    replicas.fresh()
+    replicas.push("only once")
+    session, url = f"retry-{route}-{stream}", "/sessions/{}/v1/" + route
+    body = {**DIALECT_BODIES[route], "stream": stream}
+    answers = []
+    for turn in range(2):
+        reply = httpx.post(
+            replicas[turn] + url.format(session), json=body, headers={"idempotency-key": "k"}, timeout=60
+        )
+        assert reply.status_code == 200, reply.text
+        answers.append((reply.text, reply.headers.get("x-tito-replayed")))
+    assert len(replicas.engine.requests) == 1
+    assert answers[1][1] == "true"
+    assert answers[0][1] is None
+    assert "only once" in answers[1][0]
+    if not stream:
+        assert orjson.loads(answers[0][0])["id"] == orjson.loads(answers[1][0])["id"]

@@ -299,3 +299,43 @@ def test_instructions_are_not_carried_over_by_previous_response_id(
     prompt = qwen_tokenizer.decode(engine.requests[-1]["input_ids"], skip_special_tokens=False)
     assert prompt.startswith("<|im_start|>system\nBe a sailor.<|im_end|>")
     assert prompt.count("<|im_start|>system") == 1
+
+
+# (sampled text, budget past `</think>` or None for a budget inside the reasoning, item statuses)
+CUTS = [
+    ("<think>\nOne two three four five six seven eight", None, ["incomplete"]),
+    ("<think>\nHm.\n</think>\n\nOne two three four five six seven", 3, ["completed", "incomplete"]),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("cut", CUTS)
+def test_the_item_max_output_tokens_cut_is_incomplete(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, stream: bool, cut: tuple[Any, ...]
+) -> None:
+    """As OpenAI's API: in an `incomplete` response the item being written when the budget ran out
+    says `incomplete` (and keeps its text); items finished before it say `completed`."""
+    text, cut_after_think, statuses = cut
+    ids = qwen_tokenizer.encode(text).ids
+    think_close = token_id(qwen_tokenizer, "</think>")
+    budget = 4 if cut_after_think is None else ids.index(think_close) + cut_after_think
+    engine.push(ids)
+    body = {"model": "m", "input": "Count", "max_output_tokens": budget, "stream": stream}
+    url = f"{proxy_url}/sessions/r-cut-item/v1/responses"
+    if stream:
+        events = [
+            json.loads(line[6:])
+            for line in httpx.post(url, json=body, timeout=30).text.splitlines()
+            if line.startswith("data: ")
+        ]
+        done = [event["item"]["status"] for event in events if event["type"] == "response.output_item.done"]
+        assert done == statuses
+        response = events[-1]["response"]
+        assert events[-1]["type"] == "response.incomplete"
+    else:
+        response = httpx.post(url, json=body, timeout=30).json()
+    assert response["status"] == "incomplete"
+    assert [item["status"] for item in response["output"]] == statuses
+    written = response["output"][-1]["content"][0]["text"]
+    assert written
+    assert written in qwen_tokenizer.decode(ids[:budget])

@@ -173,3 +173,127 @@ def test_a_pause_sent_to_one_worker_holds_on_every_worker(
             )
         served = _on_every_worker(url, turn)
         assert {r.status_code for r in served.values()} == {200}, [r.text for r in served.values()]
+
+
+def test_a_session_deleted_and_recreated_across_workers_never_continues_its_old_record(
+    database_url: str, engine: FakeSGLang, qwen_dir: Path, qwen_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """Rounds of: a turn, the session deleted, the same history and a new message under the same id,
+    each request on a fresh connection (either worker). Whichever worker held the old record's
+    context and validated messages, the re-created session's turn is a first render (Qwen3's
+    template drops the earlier reasoning, the deleted record's ids keep it): one call, exact."""
+    env = {"TITO_DB": database_url, "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
+    im_end = token_id(qwen_tokenizer, "<|im_end|>")
+    close = {"connection": "close"}
+    chat = "{}/sessions/again/v1/chat/completions"
+    with spawn_proxy(["--tokenizer", str(qwen_dir), "--workers", "2"], env, tmp_path / "serve.log") as (
+        _,
+        url,
+    ):
+        _wait_for_two_workers(url)
+        for _ in range(6):
+            engine.push([*qwen_tokenizer.encode("<think>\nold plan\n</think>\n\nfirst").ids, im_end])
+            messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+            body = {"model": "m", "messages": messages, "max_tokens": 32}
+            first = httpx.post(chat.format(url), json=body, headers=close, timeout=60)
+            assert first.status_code == 200, first.text
+            messages += [first.json()["choices"][0]["message"], {"role": "user", "content": "next"}]
+            assert httpx.delete(f"{url}/sessions/again", headers=close).status_code in (200, 204)
+            output = engine.push([*qwen_tokenizer.encode("second").ids, im_end])
+            again = httpx.post(
+                chat.format(url), json={**body, "messages": messages}, headers=close, timeout=60
+            )
+            assert again.status_code == 200, again.text
+            prompt = qwen_tokenizer.decode(engine.requests[-1]["input_ids"], skip_special_tokens=False)
+            assert "old plan" not in prompt
+            assert httpx.post(f"{url}/sessions/again/finish", headers=close).status_code == 200
+            answer = httpx.get(f"{url}/sessions/again/samples", params={"mode": "merged"}, timeout=60)
+            rows = answer.json()["samples"]
+            assert len(rows) == 1, rows
+            assert rows[0]["num_calls"] == 1
+            assert_invariants(rows[0], engine.requests[-1:], [output])
+            assert httpx.delete(f"{url}/sessions/again", headers=close).status_code in (200, 204)
+
+
+def _streamed_text(stream: str) -> str:
+    """The text deltas of a Responses or Anthropic stream, joined."""
+    events = [orjson.loads(line[6:]) for line in stream.splitlines() if line.startswith("data: ")]
+    pieces = [e.get("delta") for e in events if e["type"] == "response.output_text.delta"]
+    pieces += [e["delta"].get("text") for e in events if e["type"] == "content_block_delta"]
+    return "".join(piece for piece in pieces if isinstance(piece, str))
+
+
+DIALECT_BODIES: dict[str, dict[str, Any]] = {
+    "responses": {"model": "m", "input": "hi", "max_output_tokens": 16},
+    "messages": {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
+}
+
+
+def test_dialect_retries_on_either_worker_are_answered_from_the_record(
+    database_url: str, engine: FakeSGLang, qwen_dir: Path, qwen_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """An Idempotency-Key retry of a Responses or Anthropic turn, plain or streamed, sent again on
+    fresh connections until both workers answered it: sampled once, replayed with the same answer."""
+    env = {"TITO_DB": database_url, "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
+    im_end = token_id(qwen_tokenizer, "<|im_end|>")
+    with spawn_proxy(["--tokenizer", str(qwen_dir), "--workers", "2"], env, tmp_path / "serve.log") as (
+        _,
+        url,
+    ):
+        _wait_for_two_workers(url)
+        for route in ("responses", "messages"):
+            for stream in (False, True):
+                engine.requests.clear()
+                engine.push([*qwen_tokenizer.encode("only once").ids, im_end])
+                path = f"{url}/sessions/retry-{route}-{stream}/v1/{route}"
+                body = {**DIALECT_BODIES[route], "stream": stream}
+                headers = {"idempotency-key": "k", "connection": "close"}
+                workers: set[str] = set()
+                texts: list[Any] = []
+                replayed: list[str | None] = []
+                for _ in range(12):
+                    reply = httpx.post(path, json=body, headers=headers, timeout=60)
+                    assert reply.status_code == 200, reply.text
+                    workers.add(reply.headers["x-tito-worker"])
+                    replayed.append(reply.headers.get("x-tito-replayed"))
+                    texts.append(_streamed_text(reply.text) if stream else orjson.loads(reply.text))
+                    if len(workers) == 2 and len(texts) >= 3:
+                        break
+                assert len(workers) == 2, (route, stream)
+                assert len(engine.requests) == 1, (route, stream)
+                assert replayed[0] is None
+                assert set(replayed[1:]) == {"true"}
+                assert all("only once" in str(text) for text in texts), (route, stream, texts)
+                if not stream:
+                    assert len({str(text["id"]) for text in texts}) == 1
+
+
+def test_a_weight_version_set_on_one_worker_is_recorded_by_both(
+    database_url: str, engine: FakeSGLang, qwen_dir: Path, qwen_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """The engine names no version: each turn records the trainer's, whichever worker set it and
+    whichever answers, after both have served turns under the previous one (no cached version)."""
+    env = {"TITO_DB": database_url, "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
+    engine.weight_version = None  # type: ignore[assignment]
+    close = {"connection": "close"}
+    with spawn_proxy(["--tokenizer", str(qwen_dir), "--workers", "2"], env, tmp_path / "serve.log") as (
+        _,
+        url,
+    ):
+        _wait_for_two_workers(url)
+        for version in ("step-1", "step-2", "step-3"):
+            set_version = {"weight_version": version}
+            assert httpx.post(f"{url}/admin/weight_version", json=set_version, headers=close).is_success
+            workers: set[str] = set()
+            for turn in range(12):
+                body = {"model": "m", "messages": [{"role": "user", "content": f"{version} {turn}"}]}
+                reply = httpx.post(f"{url}/v1/chat/completions", json=body, headers=close, timeout=60)
+                assert reply.status_code == 200, reply.text
+                workers.add(reply.headers["x-tito-worker"])
+                session = reply.headers["x-session-id"]
+                answer = httpx.get(f"{url}/sessions/{session}/samples", headers=close, timeout=60)
+                [row] = answer.json()["samples"]
+                assert row["weight_version"] == version, (version, reply.headers["x-tito-worker"])
+                if len(workers) == 2 and turn >= 2:
+                    break
+            assert len(workers) == 2, version
