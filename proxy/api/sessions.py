@@ -63,7 +63,8 @@ async def _session(repo: Repository, session_id: str) -> SessionRow:
 
 
 @router.post("", status_code=201)
-async def create_session(body: NewSession, state: StateDep) -> dict[str, Any]:
+async def create_session(state: StateDep, body: NewSession | None = None) -> dict[str, Any]:
+    body = body or NewSession()  # every field is optional: a bare POST creates a session
     session_id = check_session_id(body.id) if body.id is not None else new_session_id()
     claim = group_claim(body.group_id, body.sample_index, body.group_size)
     async with state.db_sessions() as db, db.begin():
