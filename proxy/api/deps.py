@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
 from proxy.app_state import AppState
-from proxy.errors import InvalidRequest
+from proxy.errors import InvalidRequest, UnsupportedParameter
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 
@@ -21,6 +22,22 @@ async def get_state(request: Request) -> AppState:
 
 
 StateDep = Annotated[AppState, Depends(get_state)]
+
+
+def known_query(*names: str) -> Callable[[Request], Awaitable[None]]:
+    """A dependency refusing query parameters other than `names`: a misspelled filter
+    (`?branch=all`, `?statsu=finished`) would otherwise answer something else than was asked."""
+    known = frozenset(names)
+
+    async def refuse_unknown(request: Request) -> None:
+        unknown = sorted(set(request.query_params) - known)
+        if unknown:
+            listed = ", ".join(sorted(known)) or "none"
+            raise UnsupportedParameter(
+                f"unknown query parameter {unknown[0]!r}; known: {listed}", param=unknown[0]
+            )
+
+    return refuse_unknown
 
 
 def new_session_id() -> str:

@@ -374,3 +374,16 @@ def test_a_session_is_created_by_a_post_without_a_body(proxy_url: str) -> None:
         assert (created["status"], created["metadata"]) == ("active", {})
         assert httpx.get(f"{proxy_url}/sessions/{created['id']}").status_code == 200
 
+
+@pytest.mark.parametrize(
+    "path",
+    ["/sessions?statsu=finished", "/sessions/s/trajectory?branch=all", "/sessions/s/samples?mod=merged"],
+)
+def test_a_misspelled_query_parameter_is_refused(proxy_url: str, path: str) -> None:
+    """As on /export: a misspelled filter must not silently answer something else than was asked."""
+    assert httpx.post(f"{proxy_url}/sessions", json={"id": "s"}).status_code == 201
+    response = httpx.get(f"{proxy_url}{path}")
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_parameter"
+    assert error["param"] == path.split("?")[1].split("=", maxsplit=1)[0]
