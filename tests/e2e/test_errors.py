@@ -89,6 +89,23 @@ def test_malformed_json_is_400(proxy_url: str) -> None:
     _error(_post(proxy_url, b"{not json"), 400)
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/sessions"])
+def test_malformed_json_names_no_parameter(proxy_url: str, path: str) -> None:
+    """A JSON syntax error is in no field: `param` is null, not the error's character offset."""
+    for body in (b"{not json", b'{"model": "m", "n": 1', b"[1, 2"):
+        error = _error(_post(proxy_url, body, path), 400)
+        assert error["param"] is None
+        assert "JSON" in error["message"]
+
+
+def test_query_parameter_errors_name_the_parameter(proxy_url: str) -> None:
+    """OpenAI's `param` names the parameter, not FastAPI's location of it (`query.mode`)."""
+    error = _error(httpx.get(f"{proxy_url}/export", params={"mode": "rows"}), 400)
+    assert error["param"] == "mode"
+    error = _error(httpx.get(f"{proxy_url}/sessions", params={"limit": 0}), 400)
+    assert error["param"] == "limit"
+
+
 def test_bad_session_id_is_400(proxy_url: str) -> None:
     error = _error(
         _post(proxy_url, {"model": "m", "messages": USER}, "/sessions/bad%20id/v1/chat/completions"), 400
