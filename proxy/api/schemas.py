@@ -169,7 +169,7 @@ class SamplingRequest(BaseModel):
     def _stop_list(cls, value: str | list[str] | None) -> str | list[str] | None:
         if isinstance(value, list) and len(value) > 32:
             raise ValueError("at most 32 stop sequences")
-        if isinstance(value, list) and any(not s for s in value):
+        if value == "" or (isinstance(value, list) and any(not s for s in value)):
             raise ValueError("stop sequences must be non-empty")
         return value
 

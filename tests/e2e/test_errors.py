@@ -68,6 +68,8 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
             "invalid_value",
         ),
         ({"model": "m", "messages": []}, "messages", "invalid_value"),
+        ({"model": "m", "messages": USER, "stop": ""}, "stop", "invalid_value"),
+        ({"model": "m", "messages": USER, "stop": [""]}, "stop", "invalid_value"),
         ({"messages": USER}, "model", "invalid_value"),
         ({"model": "m", "messages": USER, "temperature": -1}, "temperature", "invalid_value"),
         ({"model": "m", "messages": USER, "max_tokens": "many"}, "max_tokens", "invalid_value"),
