@@ -185,6 +185,31 @@ def test_idempotency_key_answers_a_retry_from_the_record(
     assert reused.json()["error"]["param"] == "Idempotency-Key"
 
 
+def test_idempotency_key_without_a_session_answers_the_retry_from_the_record(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    """At /v1 without a session each request used to open a new session, so a retry with the same
+    key was sampled again (a duplicate rollout in the export): the key now names the session."""
+    _script(engine, qwen_tokenizer, "only once")
+    _script(engine, qwen_tokenizer, "twice")
+    body = {"model": "m", "messages": USER, "max_tokens": 32}
+    sent = [
+        httpx.post(f"{proxy_url}/v1/chat/completions", json=body, headers={"Idempotency-Key": "free-1"})
+        for _ in range(2)
+    ]
+    first, second = sent
+    assert first.status_code == second.status_code == 200
+    assert second.headers["X-Tito-Replayed"] == "true"
+    assert len(engine.requests) == 1
+    assert second.json()["choices"] == first.json()["choices"]
+    session = first.headers["X-Session-Id"]
+    assert second.headers["X-Session-Id"] == session
+    assert len(segments(proxy_url, session)) == 1
+    other = httpx.post(f"{proxy_url}/v1/chat/completions", json=body, headers={"Idempotency-Key": "free-2"})
+    assert other.json()["choices"][0]["message"]["content"] == "twice"
+    assert other.headers["X-Session-Id"] != session
+
+
 def test_streamed_retry_replays_the_recorded_stream(
     proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
 ) -> None:
