@@ -241,6 +241,35 @@ def test_sdk_retry_with_an_identical_body_is_not_sampled_twice(
     assert segment["num_calls"] == 1
 
 
+def test_sdk_retry_without_a_session_is_answered_from_the_record(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    """The OpenAI SDK at /v1 names no session: its retry (count 1, the same body) is answered from
+    the session its first attempt was recorded in, not sampled again in a new one."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "sessionless"}], "max_tokens": 32}
+    _script(engine, qwen_tokenizer, "answer")
+    url = f"{proxy_url}/v1/chat/completions"
+    first = httpx.post(url, json=body, headers={"x-stainless-retry-count": "0"})
+    retry = httpx.post(url, json=body, headers={"x-stainless-retry-count": "1"})
+    assert retry.status_code == 200, retry.text
+    assert retry.headers["X-Tito-Replayed"] == "true"
+    assert retry.json()["choices"] == first.json()["choices"]
+    assert retry.headers["X-Session-Id"] == first.headers["X-Session-Id"]
+    assert len(engine.requests) == 1
+    # A first attempt (count 0) with the same body is a new rollout: a new session, sampled.
+    _script(engine, qwen_tokenizer, "again")
+    fresh = httpx.post(url, json=body, headers={"x-stainless-retry-count": "0"})
+    assert fresh.json()["choices"][0]["message"]["content"] == "again"
+    assert fresh.headers["X-Session-Id"] != first.headers["X-Session-Id"]
+    completions = f"{proxy_url}/v1/completions"
+    text = {"model": "m", "prompt": "sessionless text", "max_tokens": 8}
+    one = httpx.post(completions, json=text, headers={"x-stainless-retry-count": "0"})
+    two = httpx.post(completions, json=text, headers={"x-stainless-retry-count": "2"})
+    assert two.headers["X-Tito-Replayed"] == "true"
+    assert two.headers["X-Session-Id"] == one.headers["X-Session-Id"]
+    assert len(engine.requests) == 3
+
+
 def test_a_retry_sent_while_the_original_runs_waits_for_it(
     proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
 ) -> None:
