@@ -87,6 +87,26 @@ def test_invalid_requests_are_400_in_the_envelope(proxy_url: str, body: Any, par
     assert error["code"] == code
 
 
+@pytest.mark.parametrize(
+    ("path", "field", "value"),
+    [
+        ("/v1/chat/completions", "stream", "yes"),
+        ("/v1/chat/completions", "stream", 1),
+        ("/v1/chat/completions", "logprobs", "true"),
+        ("/v1/chat/completions", "parallel_tool_calls", "on"),
+        ("/v1/completions", "stream", "no"),
+        ("/v1/completions", "echo", 0),
+        ("/v1/completions", "return_token_ids", "yes"),
+    ],
+)
+def test_a_boolean_field_takes_only_a_boolean(proxy_url: str, path: str, field: str, value: Any) -> None:
+    """`"stream": "yes"` streamed and `"echo": 0` passed as false: a bad type is a 400, as at OpenAI."""
+    body = {"model": "m", "messages": USER, "prompt": "p", field: value}
+    body.pop("prompt" if path.endswith("chat/completions") else "messages")
+    error = _error(_post(proxy_url, body, path), 400)
+    assert error["param"] == field
+
+
 def test_malformed_json_is_400(proxy_url: str) -> None:
     _error(_post(proxy_url, b"{not json"), 400)
 
