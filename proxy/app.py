@@ -259,7 +259,17 @@ def _param_of(error: Mapping[str, Any]) -> str | None:
     location = list(error.get("loc", ()))
     if location and location[0] in _LOCATIONS:
         location = location[1:]
-    return ".".join(str(part) for part in location) or None
+    named = [str(part) for part in location if not _is_pydantic_tag(part)]
+    return ".".join(named) or None
+
+
+# Scalar union members pydantic names in a location (`content.str`); generic ones carry brackets.
+_UNION_MEMBERS = frozenset({"str", "int", "float", "bool", "bytes", "dict", "list", "none"})
+
+
+def _is_pydantic_tag(part: object) -> bool:
+    """A location part that is pydantic's, not the request's: a union member or a dict's `[key]`."""
+    return isinstance(part, str) and (part in _UNION_MEMBERS or "[" in part)
 
 
 def _validation_code(error: Mapping[str, Any]) -> str:

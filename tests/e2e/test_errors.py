@@ -120,6 +120,18 @@ def test_malformed_json_names_no_parameter(proxy_url: str, path: str) -> None:
         assert "JSON" in error["message"]
 
 
+def test_errors_in_a_union_field_name_the_field(proxy_url: str) -> None:
+    """Pydantic's union members (`str`, `list[...]`) and `[key]` are not parameters of the request."""
+    body = {"model": "m", "messages": [{"role": "user", "content": 5}]}
+    assert _error(_post(proxy_url, body), 400)["param"] == "messages.0.content"
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": None}}
+    body = {"model": "m", "messages": [*USER, {"role": "assistant", "tool_calls": [call]}]}
+    assert _error(_post(proxy_url, body), 400)["param"] == "messages.1.tool_calls.0.function.arguments"
+    assert httpx.post(f"{proxy_url}/sessions", json={"id": "u"}).status_code == 201
+    answer = httpx.post(f"{proxy_url}/sessions/u/reward", json={"call_rewards": {"abc": 1.0}})
+    assert _error(answer, 400)["param"] == "call_rewards.abc"
+
+
 def test_query_parameter_errors_name_the_parameter(proxy_url: str) -> None:
     """OpenAI's `param` names the parameter, not FastAPI's location of it (`query.mode`)."""
     error = _error(httpx.get(f"{proxy_url}/export", params={"mode": "rows"}), 400)
