@@ -307,6 +307,21 @@ def test_seed_is_sent_to_sglang_as_its_sampling_seed(
     assert call["num_calls"] == 1
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+def test_n_seeded_choices_are_sampled_with_seeds_of_their_own(
+    proxy_url: str, engine: FakeSGLang, stream: bool, path: str
+) -> None:
+    """Each of n choices is its own engine request: with one seed they would all be the same sample
+    (on a deterministic server), n copies of one rollout. As vLLM does, choice i gets seed + i."""
+    body: dict[str, Any] = {"model": "m", "n": 3, "seed": 2**63 - 2, "stream": stream, "max_tokens": 8}
+    body.update({"messages": USER} if path == "/chat/completions" else {"prompt": "go"})
+    response = httpx.post(f"{proxy_url}/sessions/seeds/v1{path}", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    seeds = sorted(request["sampling_params"]["sampling_seed"] for request in engine.requests)
+    assert seeds == [-(2**63), 2**63 - 2, 2**63 - 1]  # seed + i, wrapped within int64
+
+
 @pytest.mark.parametrize("seed", [2**63, -(2**63) - 1, 2**70])
 def test_a_seed_outside_int64_is_a_400(proxy_url: str, engine: FakeSGLang, seed: int) -> None:
     body = {"model": "m", "messages": USER, "seed": seed}
