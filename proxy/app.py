@@ -249,6 +249,31 @@ def _install_docs(app: FastAPI) -> None:
         return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
 
 
+# FastAPI's first location part says where a parameter was read; OpenAI's `param` names only it.
+_LOCATIONS = frozenset({"body", "query", "path", "header", "cookie"})
+
+
+def _param_of(error: Mapping[str, Any]) -> str | None:
+    """The parameter an error is in: `mode`, `messages.0.role`; none for a JSON syntax error, whose
+    location is a character offset, not a field."""
+    if error.get("type") == "json_invalid":
+        return None
+    location = list(error.get("loc", ()))
+    if location and location[0] in _LOCATIONS:
+        location = location[1:]
+    named = [str(part) for part in location if not _is_pydantic_tag(part)]
+    return ".".join(named) or None
+
+
+# Scalar union members pydantic names in a location (`content.str`); generic ones carry brackets.
+_UNION_MEMBERS = frozenset({"str", "int", "float", "bool", "bytes", "dict", "list", "none"})
+
+
+def _is_pydantic_tag(part: object) -> bool:
+    """A location part that is pydantic's, not the request's: a union member or a dict's `[key]`."""
+    return isinstance(part, str) and (part in _UNION_MEMBERS or "[" in part)
+
+
 def _validation_code(error: Mapping[str, Any]) -> str:
     """json_too_deep for JSON past the nesting cap, whether our validators or the parser found it."""
     if error.get("type") == "json_too_deep":
@@ -357,8 +382,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
-        location = [str(part) for part in first.get("loc", ()) if part != "body"]
-        param = ".".join(location) or None
+        param = _param_of(first)
         message = f"{first.get('msg', 'invalid request')}" + (f" (at {param})" if param else "")
         error = InvalidRequest(message, param=param, code=_validation_code(first))
         metrics.failed(400, error.code, False)

@@ -12,11 +12,11 @@ import orjson
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
-from proxy.api.retries import RetryIdentity, recorded_answer, replayed_results
+from proxy.api.retries import SDK_RETRY_WINDOW, RetryIdentity, recorded_answer, replayed_results
 from proxy.api.streaming import StreamOptions, open_streams, replayed_events, sse_events
 from proxy.app_state import AppState
 from proxy.errors import InvalidRequest
-from proxy.store.repository import Repository
+from proxy.store.repository import Repository, utcnow
 from proxy.turns import TurnRequest, TurnResult
 
 
@@ -57,6 +57,17 @@ async def run_watched(
             # Not awaited: the answer goes out now, and the loop ends the watcher on its next pass
             # (waiting for that cost the turn a suspension and a wake-up).
             watcher.cancel()
+
+
+async def retried_session(state: AppState, session: tuple[str, bool], identity: RetryIdentity | None) -> str:
+    """The request's session; for an SDK retry that names none (the OpenAI SDK at /v1), the session
+    its original was recorded in, so that the retry is answered from the record, not sampled again."""
+    session_id, unnamed = session
+    if not unnamed or identity is None or not identity.is_sdk_retry or identity.idempotency_key:
+        return session_id
+    async with state.db_sessions() as db:
+        since = utcnow() - SDK_RETRY_WINDOW
+        return await Repository(db).session_of_request(identity.request_hash, since) or session_id
 
 
 async def answer(

@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
-from proxy.api.deps import StateDep, check_session_id
+from proxy.api.deps import StateDep, check_session_id, known_query
 from proxy.api.schemas import MAX_DB_INTEGER, RowId
 from proxy.app_state import AppState
 from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
@@ -290,7 +290,7 @@ async def export(
     return StreamingResponse(tally.bytes_of(lines()), media_type="application/x-ndjson")
 
 
-@router.get("/sessions/{session_id}/samples")
+@router.get("/sessions/{session_id}/samples", dependencies=[Depends(known_query("mode", "branches"))])
 async def session_samples(
     session_id: str, state: StateDep, mode: Mode = "stepwise", branches: BranchFilter = "final"
 ) -> dict[str, Any]:

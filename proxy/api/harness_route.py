@@ -39,7 +39,9 @@ async def harness_inputs(request: Request) -> tuple[AppState, tuple[str, bool]]:
     state: AppState = request.app.state.proxy
     headers = request.headers
     check_harness_key(state.settings, headers)
-    session = session_of(request.path_params.get("session_id"), headers.get("x-session-id"))
+    session = session_of(
+        request.path_params.get("session_id"), headers.get("x-session-id"), headers.get("idempotency-key")
+    )
     await join_group(state, request.method, request.scope["path"], session[0], headers)
     return state, session
 

@@ -11,6 +11,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    StrictBool,
     field_validator,
     model_validator,
 )
@@ -153,7 +154,7 @@ class SamplingRequest(BaseModel):
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
     stop: str | list[str] | None = None
     n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
-    stream: bool | None = None
+    stream: StrictBool | None = None
     stream_options: Annotated[dict[str, Any] | None, Shallow] = None
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)  # int64, as SGLang and torch take it
 
@@ -169,7 +170,7 @@ class SamplingRequest(BaseModel):
     def _stop_list(cls, value: str | list[str] | None) -> str | list[str] | None:
         if isinstance(value, list) and len(value) > 32:
             raise ValueError("at most 32 stop sequences")
-        if isinstance(value, list) and any(not s for s in value):
+        if value == "" or (isinstance(value, list) and any(not s for s in value)):
             raise ValueError("stop sequences must be non-empty")
         return value
 
@@ -213,10 +214,10 @@ class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: Annotated[list[ToolDefinition] | None, Shallow] = None
     tool_choice: Annotated[str | dict[str, Any] | None, Shallow] = None
-    logprobs: bool | None = None
+    logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     response_format: Annotated[dict[str, Any] | None, Shallow] = None
     chat_template_kwargs: Annotated[dict[str, Any] | None, Shallow] = None
     # What the request derives once, or takes from the session's previous one (_Derived). One
@@ -299,11 +300,11 @@ class CompletionRequest(SamplingRequest):
 
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool | None = None
+    echo: StrictBool | None = None
     suffix: str | None = None
     best_of: int | None = Field(default=None, ge=1)
     # vLLM's extension: the prompt and output ids in the answer, for token-in/token-out clients.
-    return_token_ids: bool | None = None
+    return_token_ids: StrictBool | None = None
 
     def check_supported(self) -> None:
         super().check_supported()

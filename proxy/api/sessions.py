@@ -6,10 +6,10 @@ from collections import Counter
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
-from proxy.api.deps import StateDep, check_session_id, new_session_id
+from proxy.api.deps import StateDep, check_session_id, known_query, new_session_id
 from proxy.api.groups import group_claim
 from proxy.api.schemas import RowId, Shallow
 from proxy.errors import Conflict, InvalidRequest, NotFound
@@ -63,7 +63,8 @@ async def _session(repo: Repository, session_id: str) -> SessionRow:
 
 
 @router.post("", status_code=201)
-async def create_session(body: NewSession, state: StateDep) -> dict[str, Any]:
+async def create_session(state: StateDep, body: NewSession | None = None) -> dict[str, Any]:
+    body = body or NewSession()  # every field is optional: a bare POST creates a session
     session_id = check_session_id(body.id) if body.id is not None else new_session_id()
     claim = group_claim(body.group_id, body.sample_index, body.group_size)
     async with state.db_sessions() as db, db.begin():
@@ -77,7 +78,7 @@ async def create_session(body: NewSession, state: StateDep) -> dict[str, Any]:
         return session_json(created)
 
 
-@router.get("")
+@router.get("", dependencies=[Depends(known_query("status", "after", "limit"))])
 async def list_sessions(
     state: StateDep,
     status: Literal["active", "finished"] | None = None,
@@ -144,7 +145,7 @@ async def set_reward(session_id: str, body: RewardBody, state: StateDep) -> dict
         return session_json(session)
 
 
-@router.get("/{session_id}/trajectory")
+@router.get("/{session_id}/trajectory", dependencies=[Depends(known_query("branches"))])
 async def trajectory(session_id: str, state: StateDep, branches: BranchFilter = "final") -> dict[str, Any]:
     """The session's branches, each flagged; abandoned ones only with `branches=all`."""
     async with state.db_sessions() as db:

@@ -264,9 +264,10 @@ async def open_streams(
     opened: list[tuple[str, AsyncIterator[StreamChunk]]] = []
     firsts: list[asyncio.Future[StreamChunk]] = []
     try:
-        for _ in range(count):
+        for index in range(count):
             request_id = uuid.uuid4().hex  # fixed length: SGLang aborts by rid prefix
-            chunks = await engine.stream(turn.plan.prompt, turn.params, request_id, affinity=turn.session_id)
+            params = turn.params.for_choice(index)
+            chunks = await engine.stream(turn.plan.prompt, params, request_id, affinity=turn.session_id)
             opened.append((request_id, chunks))
         firsts = [asyncio.ensure_future(chunks.__anext__()) for _, chunks in opened]
         await asyncio.wait(firsts, timeout=admission_wait_s, return_when=asyncio.FIRST_EXCEPTION)

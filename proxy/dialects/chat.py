@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from proxy.api.answering import answer
+from proxy.api.answering import answer, retried_session
 from proxy.api.deps import SessionIdDep, StateDep
 from proxy.api.harness_route import HarnessRoute
 from proxy.api.json_route import OrjsonRequest
@@ -145,9 +145,9 @@ async def chat_completions(
     session: SessionIdDep,
     http_request: Request,
 ) -> Response:
-    session_id, _ = session
     body.check_supported()
     identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
+    session_id = await retried_session(state, session, identity)
     top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
     options = StreamOptions.of(body, keepalive_s=state.settings.stream_keepalive_s, top_logprobs=top_logprobs)
     return await answer(

@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from proxy.api.answering import answer
+from proxy.api.answering import answer, retried_session
 from proxy.api.deps import SessionIdDep, StateDep
 from proxy.api.harness_route import HarnessRoute
 from proxy.api.logprobs import answered_logprobs, completion_logprobs
@@ -75,10 +75,10 @@ def _body(
 async def completions(
     body: CompletionRequest, state: StateDep, session: SessionIdDep, http_request: Request
 ) -> Response:
-    session_id, _ = session
     body.check_supported()
     prompt_ids = await _prompt_ids(body, state)
     identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
+    session_id = await retried_session(state, session, identity)
     top = body.logprobs or 0
     request = TurnRequest(
         messages=[],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -45,6 +46,15 @@ class SamplingParams:
     adapter: str | None = None
     # Ask for the MoE experts each position was routed to (None: not asked); see routed_experts.py.
     routed_experts: ExpertsAsk | None = None
+
+    def for_choice(self, index: int) -> SamplingParams:
+        """The params of choice `index` of a request's n: each is its own engine request, so one seed
+        would make every choice the same sample; as vLLM seeds its n children, choice i gets seed + i
+        (kept within int64, the seeds engines take)."""
+        if self.seed is None or index == 0:
+            return self
+        seed = (self.seed + index + 2**63) % 2**64 - 2**63
+        return dataclasses.replace(self, seed=seed)
 
     def as_sglang(self) -> dict[str, Any]:
         params: dict[str, Any] = {

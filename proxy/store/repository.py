@@ -115,6 +115,19 @@ class Repository:
         result = await self.db.scalars(query.order_by(CallRow.id))
         return result.all()
 
+    async def session_of_request(self, request_hash: str, since: datetime) -> str | None:
+        """The session of the newest completed call answering a request with this body hash since
+        `since`, in any session (a sessionless SDK retry's original); None if there is none. Only a
+        retry that names no session asks, so the scan of recent calls is rare."""
+        query = (
+            select(CallRow.session_id)
+            .where(CallRow.request_hash == request_hash, CallRow.status == "ok", CallRow.created_at >= since)
+            .order_by(CallRow.id.desc())
+            .limit(1)
+        )
+        found: str | None = await self.db.scalar(query)
+        return found
+
     async def session_calls(self, session_id: str) -> Sequence[CallRow]:
         result = await self.db.scalars(
             select(CallRow).where(CallRow.session_id == session_id).order_by(CallRow.id)

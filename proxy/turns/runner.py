@@ -155,7 +155,10 @@ class TurnRunner:
             return [await self.engine.generate(prompt, params, request_ids[0], affinity=session_id)]
         return list(
             await asyncio.gather(
-                *(self.engine.generate(prompt, params, rid, affinity=session_id) for rid in request_ids)
+                *(
+                    self.engine.generate(prompt, params.for_choice(index), rid, affinity=session_id)
+                    for index, rid in enumerate(request_ids)
+                )
             )
         )
 

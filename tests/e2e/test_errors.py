@@ -73,6 +73,8 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
             "tools.0.function.name",
             "invalid_value",
         ),
+        ({"model": "m", "messages": USER, "stop": ""}, "stop", "invalid_value"),
+        ({"model": "m", "messages": USER, "stop": [""]}, "stop", "invalid_value"),
         ({"messages": USER}, "model", "invalid_value"),
         ({"model": "m", "messages": USER, "temperature": -1}, "temperature", "invalid_value"),
         ({"model": "m", "messages": USER, "max_tokens": "many"}, "max_tokens", "invalid_value"),
@@ -90,8 +92,57 @@ def test_invalid_requests_are_400_in_the_envelope(proxy_url: str, body: Any, par
     assert error["code"] == code
 
 
+@pytest.mark.parametrize(
+    ("path", "field", "value"),
+    [
+        ("/v1/chat/completions", "stream", "yes"),
+        ("/v1/chat/completions", "stream", 1),
+        ("/v1/chat/completions", "logprobs", "true"),
+        ("/v1/chat/completions", "parallel_tool_calls", "on"),
+        ("/v1/completions", "stream", "no"),
+        ("/v1/completions", "echo", 0),
+        ("/v1/completions", "return_token_ids", "yes"),
+    ],
+)
+def test_a_boolean_field_takes_only_a_boolean(proxy_url: str, path: str, field: str, value: Any) -> None:
+    """`"stream": "yes"` streamed and `"echo": 0` passed as false: a bad type is a 400, as at OpenAI."""
+    body = {"model": "m", "messages": USER, "prompt": "p", field: value}
+    body.pop("prompt" if path.endswith("chat/completions") else "messages")
+    error = _error(_post(proxy_url, body, path), 400)
+    assert error["param"] == field
+
+
 def test_malformed_json_is_400(proxy_url: str) -> None:
     _error(_post(proxy_url, b"{not json"), 400)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/sessions"])
+def test_malformed_json_names_no_parameter(proxy_url: str, path: str) -> None:
+    """A JSON syntax error is in no field: `param` is null, not the error's character offset."""
+    for body in (b"{not json", b'{"model": "m", "n": 1', b"[1, 2"):
+        error = _error(_post(proxy_url, body, path), 400)
+        assert error["param"] is None
+        assert "JSON" in error["message"]
+
+
+def test_errors_in_a_union_field_name_the_field(proxy_url: str) -> None:
+    """Pydantic's union members (`str`, `list[...]`) and `[key]` are not parameters of the request."""
+    body = {"model": "m", "messages": [{"role": "user", "content": 5}]}
+    assert _error(_post(proxy_url, body), 400)["param"] == "messages.0.content"
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": None}}
+    body = {"model": "m", "messages": [*USER, {"role": "assistant", "tool_calls": [call]}]}
+    assert _error(_post(proxy_url, body), 400)["param"] == "messages.1.tool_calls.0.function.arguments"
+    assert httpx.post(f"{proxy_url}/sessions", json={"id": "u"}).status_code == 201
+    answer = httpx.post(f"{proxy_url}/sessions/u/reward", json={"call_rewards": {"abc": 1.0}})
+    assert _error(answer, 400)["param"] == "call_rewards.abc"
+
+
+def test_query_parameter_errors_name_the_parameter(proxy_url: str) -> None:
+    """OpenAI's `param` names the parameter, not FastAPI's location of it (`query.mode`)."""
+    error = _error(httpx.get(f"{proxy_url}/export", params={"mode": "rows"}), 400)
+    assert error["param"] == "mode"
+    error = _error(httpx.get(f"{proxy_url}/sessions", params={"limit": 0}), 400)
+    assert error["param"] == "limit"
 
 
 def test_bad_session_id_is_400(proxy_url: str) -> None:

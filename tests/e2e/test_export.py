@@ -361,3 +361,29 @@ def test_n_choices_are_all_exported_as_samples_beside_the_continued_one(
     assert [r["branch"] for r in rows if r["session_id"] == "n2-last"] == ["final", "sample"]
     steps = _export(proxy_url, mode="stepwise")
     assert sorted(s["branch"] for s in steps if s["session_id"] == "n2") == ["final", "final", "sample"]
+
+
+def test_a_session_is_created_by_a_post_without_a_body(proxy_url: str) -> None:
+    """Every field of POST /sessions is optional, so a bare POST (no body at all) creates one."""
+    for request in (
+        httpx.post(f"{proxy_url}/sessions"),
+        httpx.post(f"{proxy_url}/sessions", headers={"content-type": "application/json"}),
+    ):
+        assert request.status_code == 201, request.text
+        created = request.json()
+        assert (created["status"], created["metadata"]) == ("active", {})
+        assert httpx.get(f"{proxy_url}/sessions/{created['id']}").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/sessions?statsu=finished", "/sessions/s/trajectory?branch=all", "/sessions/s/samples?mod=merged"],
+)
+def test_a_misspelled_query_parameter_is_refused(proxy_url: str, path: str) -> None:
+    """As on /export: a misspelled filter must not silently answer something else than was asked."""
+    assert httpx.post(f"{proxy_url}/sessions", json={"id": "s"}).status_code == 201
+    response = httpx.get(f"{proxy_url}{path}")
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_parameter"
+    assert error["param"] == path.split("?")[1].split("=", maxsplit=1)[0]

@@ -185,6 +185,31 @@ def test_idempotency_key_answers_a_retry_from_the_record(
     assert reused.json()["error"]["param"] == "Idempotency-Key"
 
 
+def test_idempotency_key_without_a_session_answers_the_retry_from_the_record(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    """At /v1 without a session each request used to open a new session, so a retry with the same
+    key was sampled again (a duplicate rollout in the export): the key now names the session."""
+    _script(engine, qwen_tokenizer, "only once")
+    _script(engine, qwen_tokenizer, "twice")
+    body = {"model": "m", "messages": USER, "max_tokens": 32}
+    sent = [
+        httpx.post(f"{proxy_url}/v1/chat/completions", json=body, headers={"Idempotency-Key": "free-1"})
+        for _ in range(2)
+    ]
+    first, second = sent
+    assert first.status_code == second.status_code == 200
+    assert second.headers["X-Tito-Replayed"] == "true"
+    assert len(engine.requests) == 1
+    assert second.json()["choices"] == first.json()["choices"]
+    session = first.headers["X-Session-Id"]
+    assert second.headers["X-Session-Id"] == session
+    assert len(segments(proxy_url, session)) == 1
+    other = httpx.post(f"{proxy_url}/v1/chat/completions", json=body, headers={"Idempotency-Key": "free-2"})
+    assert other.json()["choices"][0]["message"]["content"] == "twice"
+    assert other.headers["X-Session-Id"] != session
+
+
 def test_streamed_retry_replays_the_recorded_stream(
     proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
 ) -> None:
@@ -214,6 +239,35 @@ def test_sdk_retry_with_an_identical_body_is_not_sampled_twice(
     assert fresh.json()["choices"][0]["message"]["content"] == "again"
     [segment] = segments(proxy_url, "sdk")[:1]
     assert segment["num_calls"] == 1
+
+
+def test_sdk_retry_without_a_session_is_answered_from_the_record(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    """The OpenAI SDK at /v1 names no session: its retry (count 1, the same body) is answered from
+    the session its first attempt was recorded in, not sampled again in a new one."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "sessionless"}], "max_tokens": 32}
+    _script(engine, qwen_tokenizer, "answer")
+    url = f"{proxy_url}/v1/chat/completions"
+    first = httpx.post(url, json=body, headers={"x-stainless-retry-count": "0"})
+    retry = httpx.post(url, json=body, headers={"x-stainless-retry-count": "1"})
+    assert retry.status_code == 200, retry.text
+    assert retry.headers["X-Tito-Replayed"] == "true"
+    assert retry.json()["choices"] == first.json()["choices"]
+    assert retry.headers["X-Session-Id"] == first.headers["X-Session-Id"]
+    assert len(engine.requests) == 1
+    # A first attempt (count 0) with the same body is a new rollout: a new session, sampled.
+    _script(engine, qwen_tokenizer, "again")
+    fresh = httpx.post(url, json=body, headers={"x-stainless-retry-count": "0"})
+    assert fresh.json()["choices"][0]["message"]["content"] == "again"
+    assert fresh.headers["X-Session-Id"] != first.headers["X-Session-Id"]
+    completions = f"{proxy_url}/v1/completions"
+    text = {"model": "m", "prompt": "sessionless text", "max_tokens": 8}
+    one = httpx.post(completions, json=text, headers={"x-stainless-retry-count": "0"})
+    two = httpx.post(completions, json=text, headers={"x-stainless-retry-count": "2"})
+    assert two.headers["X-Tito-Replayed"] == "true"
+    assert two.headers["X-Session-Id"] == one.headers["X-Session-Id"]
+    assert len(engine.requests) == 3
 
 
 def test_a_retry_sent_while_the_original_runs_waits_for_it(
@@ -251,6 +305,21 @@ def test_seed_is_sent_to_sglang_as_its_sampling_seed(
     assert "seed" not in sent
     [call] = httpx.get(f"{proxy_url}/sessions/seed/trajectory").json()["segments"]
     assert call["num_calls"] == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+def test_n_seeded_choices_are_sampled_with_seeds_of_their_own(
+    proxy_url: str, engine: FakeSGLang, stream: bool, path: str
+) -> None:
+    """Each of n choices is its own engine request: with one seed they would all be the same sample
+    (on a deterministic server), n copies of one rollout. As vLLM does, choice i gets seed + i."""
+    body: dict[str, Any] = {"model": "m", "n": 3, "seed": 2**63 - 2, "stream": stream, "max_tokens": 8}
+    body.update({"messages": USER} if path == "/chat/completions" else {"prompt": "go"})
+    response = httpx.post(f"{proxy_url}/sessions/seeds/v1{path}", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    seeds = sorted(request["sampling_params"]["sampling_seed"] for request in engine.requests)
+    assert seeds == [-(2**63), 2**63 - 2, 2**63 - 1]  # seed + i, wrapped within int64
 
 
 @pytest.mark.parametrize("seed", [2**63, -(2**63) - 1, 2**70])

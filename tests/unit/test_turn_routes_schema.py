@@ -18,7 +18,7 @@ from proxy.dialects import anthropic, chat, completions, responses
 
 SURFACES = (models.router, chat.router, completions.router, responses.router, anthropic.router)
 PREFIX = "/sessions/{session_id}"
-HEADERS = {"x-session-id", "x-tito-group-id", "x-tito-sample-index", "x-tito-group-size"}
+HEADERS = {"x-session-id", "idempotency-key", "x-tito-group-id", "x-tito-sample-index", "x-tito-group-size"}
 TURN_BODIES = {
     "/v1/chat/completions": "ChatCompletionRequest",
     "/v1/completions": "CompletionRequest",
