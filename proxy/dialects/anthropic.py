@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.api.deps import SessionIdDep, StateDep
-from proxy.api.harness_route import HarnessRoute, _NotPlain
+from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import Shallow
 from proxy.app_state import AppState
@@ -47,8 +47,6 @@ class AnthropicRoute(HarnessRoute):
         async def in_anthropic_shape(request: Request) -> Response:
             try:
                 response = await handler(request)
-            except _NotPlain:
-                raise  # not an error: FastAPI's own handler answers this request (harness_route.py)
             except Exception as exc:
                 answer = await _app_answer(request, exc)
                 error = json.loads(bytes(answer.body))["error"]
