@@ -10,30 +10,25 @@ value and type the template could (1 and 1.0 and True, NaN and None, key order).
 from __future__ import annotations
 
 import pickle
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from proxy.chat.bounded_texts import BoundedTexts
+
 MAX_ENTRIES = 1024
 MAX_CHARS = 8 * 1024 * 1024
-# An entry larger than this share of MAX_CHARS (a long history rendered afresh) is not kept.
-_LARGEST_SHARE = 8
 
 
-class FirstPrompts:
+class FirstPrompts(BoundedTexts):
     """Texts by the exact inputs of their render; `key` is None where a render must run anyway."""
 
     def __init__(
         self, *, pure: bool, reads_date: bool, max_entries: int = MAX_ENTRIES, max_chars: int = MAX_CHARS
     ) -> None:
         """`pure`: the template draws no random value; `reads_date`: the date is part of the key."""
+        super().__init__(max_entries=max_entries, max_chars=max_chars)
         self._pure, self._reads_date = pure, reads_date
-        self.max_entries, self.max_chars = max_entries, max_chars
-        self._texts: OrderedDict[bytes, str] = OrderedDict()
-        self._chars = 0
-        self._lock = threading.Lock()
 
     def key(
         self,
@@ -57,36 +52,3 @@ class FirstPrompts:
             return pickle.dumps((shape, inputs), protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, TypeError, AttributeError, RecursionError):
             return None
-
-    def get(self, key: bytes) -> str | None:
-        with self._lock:
-            text = self._texts.get(key)
-            if text is not None:
-                self._texts.move_to_end(key)
-            return text
-
-    def put(self, key: bytes, text: str) -> None:
-        size = len(key) + len(text)
-        if size * _LARGEST_SHARE > self.max_chars:
-            return
-        with self._lock:
-            if key in self._texts:
-                return
-            while self._texts and (
-                len(self._texts) >= self.max_entries or self._chars + size > self.max_chars
-            ):
-                old_key, old_text = self._texts.popitem(last=False)
-                self._chars -= len(old_key) + len(old_text)
-            self._texts[key] = text
-            self._chars += size
-
-    def clear(self) -> None:
-        """Forget every text (bench.rerender times cold renders with it)."""
-        with self._lock:
-            self._texts.clear()
-            self._chars = 0
-
-    def cached(self) -> tuple[int, int]:
-        """Entries and characters (key bytes plus text) held now."""
-        with self._lock:
-            return len(self._texts), self._chars

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import pickle
-import threading
-from collections import OrderedDict
 from typing import Any
+
+from proxy.chat.bounded_texts import BoundedTexts
 
 MAX_ENTRIES = 4096
 MAX_CHARS = 4 * 1024 * 1024
-# A dump larger than this share of MAX_CHARS is not kept.
-_LARGEST_SHARE = 8
 
 
 def tojson(
@@ -37,10 +35,7 @@ class CachedToJson:
     """`tojson` with its dumps of dicts and lists kept, bounded by entries and characters."""
 
     def __init__(self, *, max_entries: int = MAX_ENTRIES, max_chars: int = MAX_CHARS) -> None:
-        self.max_entries, self.max_chars = max_entries, max_chars
-        self._dumps: OrderedDict[bytes, str] = OrderedDict()
-        self._chars = 0
-        self._lock = threading.Lock()  # renders of large requests run on worker threads
+        self._dumps = BoundedTexts(max_entries=max_entries, max_chars=max_chars)
 
     def __call__(
         self,
@@ -57,37 +52,17 @@ class CachedToJson:
             key = pickle.dumps((value, arguments), protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, TypeError, AttributeError, RecursionError):
             return tojson(value, *arguments)
-        with self._lock:
-            found = self._dumps.get(key)
-            if found is not None:
-                self._dumps.move_to_end(key)
-                return found
+        found = self._dumps.get(key)
+        if found is not None:
+            return found
         text = tojson(value, *arguments)
-        self._keep(key, text)
+        self._dumps.put(key, text)
         return text
-
-    def _keep(self, key: bytes, text: str) -> None:
-        size = len(key) + len(text)
-        if size * _LARGEST_SHARE > self.max_chars:
-            return
-        with self._lock:
-            if key in self._dumps:
-                return
-            while self._dumps and (
-                len(self._dumps) >= self.max_entries or self._chars + size > self.max_chars
-            ):
-                old_key, old_text = self._dumps.popitem(last=False)
-                self._chars -= len(old_key) + len(old_text)
-            self._dumps[key] = text
-            self._chars += size
 
     def clear(self) -> None:
         """Forget every dump (bench.rerender times cold renders with it)."""
-        with self._lock:
-            self._dumps.clear()
-            self._chars = 0
+        self._dumps.clear()
 
     def cached(self) -> tuple[int, int]:
         """Entries and characters (key bytes plus text) held now."""
-        with self._lock:
-            return len(self._dumps), self._chars
+        return self._dumps.cached()
