@@ -85,7 +85,15 @@ class MessagePrefixes:
         if same_tools:
             assert known is not None
             body.reuse_tools(known.body)
-        self._remember(session_id, messages, start, written, body=body, tools=tools, body_bytes=body_bytes)
+        # A reused tool list keeps the text already kept for it; a new one is copied to its own
+        # length (orjson's result is not: kept_json.py).
+        if same_tools and known is not None:
+            kept_tools = known.tools
+        else:
+            kept_tools = own_length(tools) if tools is not None else None
+        self._remember(
+            session_id, messages, start, written, body=body, tools=kept_tools, body_bytes=body_bytes
+        )
         return body
 
     def _remember(
@@ -106,7 +114,6 @@ class MessagePrefixes:
         # orjson writes a list as "[" + its items joined by "," + "]". A concatenation is a new object
         # of its own length; orjson's own result is not (kept_json.py).
         written = prefix[:-1] + b"," + tail[1:] if start else own_length(tail)
-        tools = own_length(tools) if tools is not None else None
         cost = (
             _COST_PER_BODY_BYTE * max(body_bytes, len(written))
             + len(tools or b"")
