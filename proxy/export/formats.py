@@ -3,6 +3,7 @@ with the same structure (nested values as Arrow structs and lists)."""
 
 from __future__ import annotations
 
+import functools
 import io
 from collections.abc import AsyncIterator
 from typing import Any
@@ -101,7 +102,9 @@ def _token_list(value_type: Any) -> Any:
     return pa.list_(pa.field("item", value_type, nullable=False))
 
 
+@functools.lru_cache(maxsize=16)
 def _parquet_schema(mode: str, metadata: Any) -> Any:
+    """The file's schema, made once per mode and metadata type (each export asks for it)."""
     import pyarrow as pa
 
     ids, floats = _token_list(pa.int32()), _token_list(pa.float32())

@@ -122,3 +122,10 @@ def test_a_parquet_export_reads_back_the_rows_lists_as_nullable_items_did(
     )
     assert read.to_pylist() == before.to_pylist()
     assert read.cast(before.schema).equals(before)
+    # Read in batches, as `datasets.load_dataset("parquet")` does, and column by column as numpy.
+    batches = pa.Table.from_batches(list(file.iter_batches(batch_size=2)))
+    assert batches.to_pylist() == before.to_pylist()
+    for name in TOKEN_COLUMNS:
+        if name in read.column_names:
+            numpy_rows = read.column(name).to_numpy()
+            assert [list(values) for values in numpy_rows] == before.column(name).to_pylist()
