@@ -93,21 +93,13 @@ def _drift_type() -> Any:
     )
 
 
-def _token_list(value_type: Any) -> Any:
-    """A token column's type: a list whose items are never null (each is a stored id, mask value,
-    float32 logprob or reward), which spares Parquet a definition level per token; the values read
-    back are the same."""
-    import pyarrow as pa
-
-    return pa.list_(pa.field("item", value_type, nullable=False))
-
-
 @functools.lru_cache(maxsize=16)
 def _parquet_schema(mode: str, metadata: Any) -> Any:
     """The file's schema, made once per mode and metadata type (each export asks for it)."""
     import pyarrow as pa
 
-    ids, floats = _token_list(pa.int32()), _token_list(pa.float32())
+    ids = pa.list_(pa.int32())
+    floats = pa.list_(pa.float32())
     experts = pa.list_(pa.list_(pa.list_(pa.int32())))  # positions x layers x top_k
     common = [
         ("cursor", pa.int64()),
@@ -117,7 +109,7 @@ def _parquet_schema(mode: str, metadata: Any) -> Any:
         ("group_size", pa.int32()),
         ("prompt_ids", ids),
         ("response_ids", ids),
-        ("loss_mask", _token_list(pa.int8())),
+        ("loss_mask", pa.list_(pa.int8())),
         ("rollout_logprobs", floats),
         ("metadata", metadata),
         ("routed_experts", experts),
