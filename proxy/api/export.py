@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
 from proxy.api.deps import StateDep, check_session_id, known_query
+from proxy.api.export_stream import ExportStream
 from proxy.api.schemas import MAX_DB_INTEGER, RowId
 from proxy.app_state import AppState
 from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
@@ -279,7 +280,7 @@ async def export(
             # A first pass over the same sessions (no calls read) settles the metadata column's type.
             async for metas in selected_metas(state.db_sessions, selection, snapshot, METAS_PAGE):
                 metadata.add(metas)
-        return StreamingResponse(
+        return ExportStream(
             tally.bytes_of(parquet_stream(mode, pages, metadata)), media_type="application/vnd.apache.parquet"
         )
 
@@ -287,7 +288,7 @@ async def export(
         async for rows in pages:
             yield jsonl(rows, shared=mode == "stepwise")
 
-    return StreamingResponse(tally.bytes_of(lines()), media_type="application/x-ndjson")
+    return ExportStream(tally.bytes_of(lines()), media_type="application/x-ndjson")
 
 
 @router.get("/sessions/{session_id}/samples", dependencies=[Depends(known_query("mode", "branches"))])

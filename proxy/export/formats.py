@@ -3,6 +3,7 @@ with the same structure (nested values as Arrow structs and lists)."""
 
 from __future__ import annotations
 
+import functools
 import io
 from collections.abc import AsyncIterator
 from typing import Any
@@ -92,7 +93,9 @@ def _drift_type() -> Any:
     )
 
 
+@functools.lru_cache(maxsize=16)
 def _parquet_schema(mode: str, metadata: Any) -> Any:
+    """The file's schema, made once per mode and metadata type (each export asks for it)."""
     import pyarrow as pa
 
     ids = pa.list_(pa.int32())
