@@ -57,6 +57,7 @@ class ModelNames:
         restart_wait_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         keep_fresh_s: float = KEEP_FRESH_S,
+        refresh_s: float = REFRESH_S,
     ) -> None:
         self.engine = engine
         self.base_names = frozenset(name for name in base_names if name)
@@ -72,6 +73,7 @@ class ModelNames:
         # Why the last listing failed: an unknown name is then refused, since it may be an adapter.
         self._failure: ProxyError | None = None
         self.keep_fresh_s = keep_fresh_s
+        self.refresh_s = refresh_s
         self._refresher: asyncio.Task[None] | None = None
         self._other_name_at = 0.0  # time.monotonic() of the last name that is not the base model's
 
@@ -115,13 +117,13 @@ class ModelNames:
         if name is None or name in self.base_names:
             return ModelChoice(name, None)
         self._keep_fresh()
-        if self._failure is None and self._fresh(REFRESH_S):
+        if self._failure is None and self._fresh(self.refresh_s):
             # Listed within the refresh interval: the lookups below would all read this listing (a
             # harness's own default name is looked up on every turn).
             return self._chosen(name, self._listed)
         listed = await self.adapters()
         if name not in listed:
-            listed = await self.adapters(older_than=REFRESH_S)  # loaded since the last listing?
+            listed = await self.adapters(older_than=self.refresh_s)  # loaded since the last listing?
         if name not in listed and self._failure is not None:
             listed = await self._list_after_restart()
         return self._chosen(name, listed)
@@ -138,8 +140,8 @@ class ModelNames:
     async def _refresh_while_used(self) -> None:
         while time.monotonic() - self._other_name_at < self.keep_fresh_s:
             # Listed again at half the interval: a request finds it fresh even while a listing runs.
-            await self.adapters(older_than=REFRESH_S / 2)
-            await asyncio.sleep(REFRESH_S / 2)
+            await self.adapters(older_than=self.refresh_s / 2)
+            await asyncio.sleep(self.refresh_s / 2)
 
     async def aclose(self) -> None:
         """Stops the background listing (at shutdown)."""
