@@ -2,8 +2,14 @@
 
 Engine: the SGLang stand-in (answers instantly, real HTTP, own process). Proxy: `tito-proxy serve`
 in its own process with SQLite (synchronous=FULL). Per session, a tool conversation whose every
-tool result adds about 500 tokens, so turn 64 carries a ~32k-token context. For each measured
-turn, the same prompt ids are then sent straight to the engine; the difference is the proxy's cost.
+tool result adds about 500 tokens, so turn 64 carries a ~32k-token context.
+
+Rounds are interleaved: each measured turn is sent straight to the engine just before it goes
+through the proxy, as the previous session's same turn (its prompt ids, read from that session's
+trajectory, are as long as this one's to a token or two). Both calls then find the engine and the
+proxy in the same state: on this shared host a process that sat idle for half a second runs its
+next request markedly slower, and measuring all direct calls after a session would compare an idle
+proxy at turn 1 with a busy one at turn 64. A first session, not measured, gives session 0 its ids.
 
 Run: .venv/bin/python -m bench.turn_latency [--sessions 10] [--turns 64]
 """
@@ -25,60 +31,87 @@ from bench.harness import TOOLS, percentile, running_stack, tool_result
 RESULT_LINES = 21  # ~500 tokens per tool result: turn 64 carries ~32k tokens
 
 
+class _Rounds:
+    """The measured turns' times through the proxy and straight to the engine, side by side."""
+
+    def __init__(self, measured: tuple[int, ...]) -> None:
+        self.via_proxy: dict[int, list[float]] = {t: [] for t in measured}
+        self.direct: dict[int, list[float]] = {t: [] for t in measured}
+        self.prompt_tokens: dict[int, int] = {}
+
+
+def _direct(client: httpx.Client, engine_url: str, prompt_ids: list[int]) -> float:
+    payload = {
+        "input_ids": prompt_ids,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 256, "skip_special_tokens": False},
+    }
+    started = time.perf_counter()
+    client.post(f"{engine_url}/generate", json=payload).raise_for_status()
+    return time.perf_counter() - started
+
+
+def _session(
+    client: httpx.Client,
+    urls: tuple[str, str],
+    name: str,
+    *,
+    turns: int,
+    rounds: _Rounds | None,
+    previous: dict[int, list[int]],
+) -> dict[int, list[int]]:
+    """One tool conversation through the proxy; with `rounds`, each measured turn is timed, right
+    after the same turn of the previous session straight to the engine. Returns each measured
+    turn's prompt ids."""
+    engine_url, proxy_url = urls
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        # Each session a task of its own, each tool result its own text: what the proxy caches
+        # (first prompts, encoded chunks) answers no measured turn from another.
+        {"role": "user", "content": f"Fix the bug in src/main.py (task {name})."},
+    ]
+    sent: dict[int, int] = {}
+    for turn in range(1, turns + 1):
+        if rounds is not None and turn in rounds.via_proxy:
+            rounds.direct[turn].append(_direct(client, engine_url, previous[turn]))
+        started = time.perf_counter()
+        reply = client.post(
+            f"{proxy_url}/sessions/bench-{name}/v1/chat/completions",
+            json={"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 256},
+        )
+        elapsed = time.perf_counter() - started
+        reply.raise_for_status()
+        body = reply.json()
+        if turn in previous:
+            sent[turn] = body["usage"]["prompt_tokens"]
+            if rounds is not None:
+                rounds.via_proxy[turn].append(elapsed)
+                rounds.prompt_tokens[turn] = sent[turn]
+        message = body["choices"][0]["message"]
+        messages.append(message)
+        result = tool_result(RESULT_LINES, f"task {name} turn {turn}")
+        messages.append({"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": result})
+    [segment] = client.get(f"{proxy_url}/sessions/bench-{name}/trajectory").json()["segments"]
+    stream = segment["prompt_ids"] + segment["response_ids"]
+    return {turn: stream[:length] for turn, length in sent.items()}
+
+
 def measure(sessions: int, turns: int, measured: tuple[int, ...]) -> dict[str, Any]:
+    rounds = _Rounds(measured)
     with tempfile.TemporaryDirectory() as work, running_stack(Path(work)) as stack:
-        engine_url, proxy_url = stack.engine_url, stack.proxy_url
-        via_proxy: dict[int, list[float]] = {t: [] for t in measured}
-        direct: dict[int, list[float]] = {t: [] for t in measured}
-        prompt_tokens: dict[int, int] = {}
+        urls = (stack.engine_url, stack.proxy_url)
         with httpx.Client(timeout=60) as client:
+            previous = _session(
+                client, urls, "warm-up", turns=turns, rounds=None, previous={t: [] for t in measured}
+            )
             for session in range(sessions):
-                messages: list[dict[str, Any]] = [
-                    {"role": "system", "content": "You are a coding agent."},
-                    # Each session a task of its own, each tool result its own text: what the proxy
-                    # caches (first prompts, encoded chunks) answers no measured turn from another.
-                    {"role": "user", "content": f"Fix the bug in src/main.py (task {session})."},
-                ]
-                sent_prompts: dict[int, int] = {}
-                for turn in range(1, turns + 1):
-                    started = time.perf_counter()
-                    reply = client.post(
-                        f"{proxy_url}/sessions/bench-{session}/v1/chat/completions",
-                        json={"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 256},
-                    )
-                    elapsed = time.perf_counter() - started
-                    reply.raise_for_status()
-                    body = reply.json()
-                    if turn in via_proxy:
-                        via_proxy[turn].append(elapsed)
-                        sent_prompts[turn] = body["usage"]["prompt_tokens"]
-                    message = body["choices"][0]["message"]
-                    messages.append(message)
-                    messages.append(
-                        {
-                            "role": "tool",
-                            "tool_call_id": message["tool_calls"][0]["id"],
-                            "content": tool_result(RESULT_LINES, f"task {session} turn {turn}"),
-                        }
-                    )
-                [segment] = client.get(f"{proxy_url}/sessions/bench-{session}/trajectory").json()["segments"]
-                stream = segment["prompt_ids"] + segment["response_ids"]
-                for turn, length in sent_prompts.items():
-                    prompt_tokens[turn] = length
-                    payload = {
-                        "input_ids": stream[:length],
-                        "return_logprob": True,
-                        "sampling_params": {"max_new_tokens": 256, "skip_special_tokens": False},
-                    }
-                    started = time.perf_counter()
-                    client.post(f"{engine_url}/generate", json=payload).raise_for_status()
-                    direct[turn].append(time.perf_counter() - started)
+                previous = _session(client, urls, str(session), turns=turns, rounds=rounds, previous=previous)
     results: dict[str, Any] = {"sessions": sessions, "turns": {}}
     for turn in measured:
-        proxy_ms = [v * 1000 for v in via_proxy[turn]]
-        direct_ms = [v * 1000 for v in direct[turn]]
+        proxy_ms = [v * 1000 for v in rounds.via_proxy[turn]]
+        direct_ms = [v * 1000 for v in rounds.direct[turn]]
         results["turns"][str(turn)] = {
-            "prompt_tokens": prompt_tokens[turn],
+            "prompt_tokens": rounds.prompt_tokens[turn],
             "direct_p50_ms": round(statistics.median(direct_ms), 3),
             "proxy_p50_ms": round(statistics.median(proxy_ms), 3),
             "added_p50_ms": round(statistics.median(proxy_ms) - statistics.median(direct_ms), 3),

@@ -176,6 +176,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         finally:
             for task in background:
                 task.cancel()
+            await app.state.proxy.model_names.aclose()
             app.state.proxy.turns.close()
             await turn_store.close()
             await inference.aclose()

@@ -8,7 +8,9 @@ adapter in this process's life is never sampled by the base weights: once unload
 
 Adapters are the engine's `/v1/models` cards with a `parent` (SGLang and vLLM both list them so),
 read at start and cached briefly; an unknown name reads them again (at most once a second), so an
-adapter loaded at run time is served without a restart. While the engine cannot be listed (it is
+adapter loaded at run time is served without a restart. While such names arrive, the listing is kept
+that fresh in the background, so that a turn does not wait for it (a harness sends its own default
+name on every turn, often more than a second after the last). While the engine cannot be listed (it is
 restarting), an unknown name waits for a listing as long as a turn waits for a restarting engine
 (--engine-restart-wait-s), then is refused (503) rather than guessed.
 """
@@ -32,6 +34,9 @@ ADAPTERS_TTL_S = 5.0
 REFRESH_S = 1.0
 # How often an engine that cannot be listed is tried again while a name waits on it.
 RESTART_POLL_S = 0.5
+# How long after the last name that is not the base model's the listing is kept fresh in the
+# background: a listing a second while a harness is at work, none once it has stopped.
+KEEP_FRESH_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,8 @@ class ModelNames:
         strict: bool,
         restart_wait_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        keep_fresh_s: float = KEEP_FRESH_S,
+        refresh_s: float = REFRESH_S,
     ) -> None:
         self.engine = engine
         self.base_names = frozenset(name for name in base_names if name)
@@ -65,6 +72,10 @@ class ModelNames:
         self._ever_listed: set[str] = set()
         # Why the last listing failed: an unknown name is then refused, since it may be an adapter.
         self._failure: ProxyError | None = None
+        self.keep_fresh_s = keep_fresh_s
+        self.refresh_s = refresh_s
+        self._refresher: asyncio.Task[None] | None = None
+        self._other_name_at = 0.0  # time.monotonic() of the last name that is not the base model's
 
     @property
     def serves_adapters(self) -> bool:
@@ -105,16 +116,38 @@ class ModelNames:
     async def choose(self, name: str | None) -> ModelChoice:
         if name is None or name in self.base_names:
             return ModelChoice(name, None)
-        if self._failure is None and self._fresh(REFRESH_S):
+        self._keep_fresh()
+        if self._failure is None and self._fresh(self.refresh_s):
             # Listed within the refresh interval: the lookups below would all read this listing (a
             # harness's own default name is looked up on every turn).
             return self._chosen(name, self._listed)
         listed = await self.adapters()
         if name not in listed:
-            listed = await self.adapters(older_than=REFRESH_S)  # loaded since the last listing?
+            listed = await self.adapters(older_than=self.refresh_s)  # loaded since the last listing?
         if name not in listed and self._failure is not None:
             listed = await self._list_after_restart()
         return self._chosen(name, listed)
+
+    def _keep_fresh(self) -> None:
+        """Keeps the listing within the refresh interval in the background while names that are not
+        the base model's arrive, so that choosing one reads a listing instead of waiting for one."""
+        if not self.serves_adapters:
+            return
+        self._other_name_at = time.monotonic()
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_while_used())
+
+    async def _refresh_while_used(self) -> None:
+        while time.monotonic() - self._other_name_at < self.keep_fresh_s:
+            # Listed again at half the interval: a request finds it fresh even while a listing runs.
+            await self.adapters(older_than=self.refresh_s / 2)
+            await asyncio.sleep(self.refresh_s / 2)
+
+    async def aclose(self) -> None:
+        """Stops the background listing (at shutdown)."""
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.gather(self._refresher, return_exceptions=True)
 
     def _chosen(self, name: str, listed: dict[str, str]) -> ModelChoice:
         """The choice for a name that is not the base model's, given the engine's current listing."""

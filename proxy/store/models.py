@@ -5,8 +5,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def _only_set(column: str) -> dict[str, Any]:
+    """A partial index's condition, on both databases: the rows whose `column` has a value."""
+    condition = text(f"{column} IS NOT NULL")
+    return {"sqlite_where": condition, "postgresql_where": condition}
 
 
 class Base(DeclarativeBase):
@@ -17,8 +23,15 @@ class SessionRow(Base):
     __tablename__ = "sessions"
     __table_args__ = (
         Index("ix_sessions_status_updated", "status", "updated_at"),
-        # One session per sample index of a group (NULLs never collide).
-        Index("ux_sessions_group_sample", "group_id", "sample_index", unique=True),
+        # One session per sample index of a group; also every lookup by group. Sessions in no group
+        # are not in it: an entry per session would be a page written on every new session's commit.
+        Index(
+            "ux_sessions_group_sample",
+            "group_id",
+            "sample_index",
+            unique=True,
+            **_only_set("group_id"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
@@ -32,7 +45,7 @@ class SessionRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     # GRPO groups: the sessions sampled for one prompt share group_id; group_size says how many
     # there will be, so export can wait for the whole group.
-    group_id: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
+    group_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     sample_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
     group_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
@@ -90,8 +103,13 @@ class CallRow(Base):
     __tablename__ = "calls"
     __table_args__ = (
         Index("ix_calls_session_history", "session_id", "history_key"),
-        Index("ix_calls_session_idempotency", "session_id", "idempotency_key"),
-        Index("ix_calls_session_request_hash", "session_id", "request_hash"),
+        # Only calls that carry the value: most turns have no Idempotency-Key or retry identity, and
+        # every lookup names one (an entry per call was a page written on every commit).
+        Index(
+            "ix_calls_session_idempotency", "session_id", "idempotency_key", **_only_set("idempotency_key")
+        ),
+        # Hash first: an SDK retry without a session is found by its hash alone.
+        Index("ix_calls_request_hash_session", "request_hash", "session_id", **_only_set("request_hash")),
         # Ids are never reused (processes cache contexts by call id): AUTOINCREMENT on SQLite.
         {"sqlite_autoincrement": True},
     )

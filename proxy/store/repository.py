@@ -118,7 +118,7 @@ class Repository:
     async def session_of_request(self, request_hash: str, since: datetime) -> str | None:
         """The session of the newest completed call answering a request with this body hash since
         `since`, in any session (a sessionless SDK retry's original); None if there is none. Only a
-        retry that names no session asks, so the scan of recent calls is rare."""
+        retry that names no session asks; the request-hash index leads with the hash for it."""
         query = (
             select(CallRow.session_id)
             .where(CallRow.request_hash == request_hash, CallRow.status == "ok", CallRow.created_at >= since)

@@ -166,3 +166,36 @@ def test_a_name_waits_for_a_restarting_engine_to_be_listed_again() -> None:
         await restarting
 
     asyncio.run(run())
+
+
+def test_the_listing_is_kept_fresh_while_harness_names_arrive() -> None:
+    """A harness sends its default name on every turn, often more than a second apart: the listing is
+    renewed in the background, so that turn reads it instead of waiting for the engine, and an adapter
+    loaded meanwhile is still served under its name. Once such names stop, so do the listings."""
+    engine = Engine()
+    names = ModelNames(engine, base_names=["qwen"], strict=False, keep_fresh_s=0.8, refresh_s=0.5)
+
+    async def run() -> None:
+        assert await names.choose("gpt-5-codex") == ModelChoice("gpt-5-codex", None)
+        await asyncio.sleep(0.6)  # longer than a listing is trusted for an unknown name
+        listed = engine.listings
+        assert listed >= 2  # renewed meanwhile, without a request
+        assert await names.choose("gpt-5-codex") == ModelChoice("gpt-5-codex", None)
+        assert engine.listings == listed  # chosen from that listing: the turn did not wait for one
+        engine.loaded = {"math": "/a/math"}
+        await asyncio.sleep(0.35)
+        assert await names.choose("math") == ModelChoice("math", "math")
+        await asyncio.sleep(1.2)  # no name but the base model's for longer than keep_fresh_s
+        idle = engine.listings
+        await asyncio.sleep(0.6)
+        assert engine.listings == idle
+        assert await names.choose("qwen") == ModelChoice("qwen", None)
+        await asyncio.sleep(0.35)
+        assert engine.listings == idle  # the base model's names need no listing
+        await names.choose("gpt-5-codex")
+        await names.aclose()
+        stopped = engine.listings
+        await asyncio.sleep(0.35)
+        assert engine.listings == stopped
+
+    asyncio.run(run())
