@@ -23,7 +23,18 @@ from datetime import datetime
 from typing import Any, NamedTuple, cast
 
 import orjson
-from sqlalchemy import JSON, Connection, Integer, Select, Table, bindparam, create_engine, event, select
+from sqlalchemy import (
+    JSON,
+    Connection,
+    Integer,
+    Select,
+    Table,
+    bindparam,
+    create_engine,
+    event,
+    select,
+    true,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -141,6 +152,13 @@ _WITH_HISTORY = _CONTINUED.where(
     CallRow.history_key == bindparam("key"),
     CallRow.status == "ok",
 ).order_by(CallRow.id.desc())
+# A message turn's two reads in one statement (one read transaction, one round trip): the session's
+# state row, then each call continuing the history, newest first; a row of NULL calls when none does.
+_STATE = _SESSION_STATE.subquery("state")
+_HISTORY = _WITH_HISTORY.order_by(None).subquery("history")
+_STATE_WITH_HISTORY = (
+    select(_STATE, _HISTORY).select_from(_STATE.outerjoin(_HISTORY, true())).order_by(_HISTORY.c.id.desc())
+)
 _LATEST_ANSWERED = (
     _CONTINUED.where(CallRow.session_id == bindparam("session"), CallRow.status == "ok")
     .order_by(CallRow.id.desc())
@@ -273,6 +291,16 @@ class TurnStore(abc.ABC):
         [(status, template_now, weight_version)] = await self._read(_SESSION_STATE, {"session": session_id})
         state = None if status is None else SessionState(status=status, template_now=template_now)
         return state, weight_version
+
+    async def turn_start_with_history(
+        self, session_id: str, history_key: str
+    ) -> tuple[SessionState | None, str | None, list[ContinuedCall]]:
+        """turn_start and calls_with_history in one read: what a turn that echoes a history reads
+        before it is planned."""
+        rows = await self._read(_STATE_WITH_HISTORY, {"session": session_id, "key": history_key})
+        status, template_now, weight_version = rows[0][:3]
+        state = None if status is None else SessionState(status=status, template_now=template_now)
+        return state, weight_version, [ContinuedCall(*row[3:]) for row in rows if row[3] is not None]
 
     async def calls_with_history(self, session_id: str, history_key: str) -> list[ContinuedCall]:
         rows = await self._read(_WITH_HISTORY, {"session": session_id, "key": history_key})
