@@ -451,9 +451,12 @@ class _SqliteWrites:
         first_render: dict[str, datetime] = {}
         for write in writes:
             first_render.setdefault(write.session_id, write.template_now)
-        for session_id, at in first_render.items():
-            if db.execute(self.sessions, (session_id, now, now, self._date(at))).rowcount == 0:
-                refuse_finished([(session_id, "finished")])
+        # One statement for the group's sessions (each sqlite3 call gives up the GIL and takes it back
+        # from the event loop): a finished session's row is left as it is, so fewer rows changed than
+        # sessions written refuses the group, naming the finished ones.
+        upserts = [(session_id, now, now, self._date(at)) for session_id, at in first_render.items()]
+        if db.executemany(self.sessions, upserts).rowcount != len(upserts):
+            refuse_finished(self._finished(db, list(first_render)))
         rows = [self._row(db, call, now) for write in writes for call in write.calls]
         if not rows:
             return [[] for _ in writes]
@@ -463,6 +466,13 @@ class _SqliteWrites:
         [(last,)] = db.execute("SELECT last_insert_rowid()").fetchall()
         call_ids = iter(range(last - len(rows) + 1, last + 1))
         return [[next(call_ids) for _ in write.calls] for write in writes]
+
+    @staticmethod
+    def _finished(db: sqlite3.Connection, session_ids: list[str]) -> list[tuple[str, str]]:
+        marks = ", ".join("?" * len(session_ids))
+        return db.execute(
+            f"SELECT id, status FROM sessions WHERE status = 'finished' AND id IN ({marks})", session_ids
+        ).fetchall()
 
     def _row(self, db: sqlite3.Connection, call: NewCall, now: str) -> list[Any]:
         row = list(call)
