@@ -197,6 +197,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     import uvicorn
 
+    from proxy.api.one_send import OneSendHttpToolsProtocol
     from proxy.app import create_app
     from proxy.observe.logs import configure
 
@@ -211,6 +212,8 @@ def _serve(args: argparse.Namespace) -> int:
         "access_log": settings.access_log,
         # Turns in flight may finish; then they are cancelled (the local engine stops between tokens).
         "timeout_graceful_shutdown": settings.shutdown_grace_s,
+        # A response's head and body in one socket write (proxy/api/one_send.py).
+        "http": OneSendHttpToolsProtocol,
     }
     if settings.workers == 1:
         uvicorn.run(create_app(settings), **common)

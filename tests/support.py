@@ -18,6 +18,8 @@ import httpx
 import uvicorn
 from tokenizers import Tokenizer
 
+from proxy.api.one_send import OneSendHttpToolsProtocol
+
 
 def token_id(tokenizer: Tokenizer, text: str) -> int:
     """The id of a token that must exist in this vocabulary."""
@@ -29,7 +31,10 @@ def token_id(tokenizer: Tokenizer, text: str) -> int:
 @contextmanager
 def serve(app: Any) -> Iterator[str]:
     """Run `app` under uvicorn (lifespan included) and yield its base URL; stop it on exit."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    # The HTTP protocol `tito-proxy serve` runs (a response's head and body in one write).
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", http=OneSendHttpToolsProtocol
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -23,7 +23,18 @@ from datetime import datetime
 from typing import Any, NamedTuple, cast
 
 import orjson
-from sqlalchemy import JSON, Connection, Integer, Select, Table, bindparam, create_engine, event, select
+from sqlalchemy import (
+    JSON,
+    Connection,
+    Integer,
+    Select,
+    Table,
+    bindparam,
+    create_engine,
+    event,
+    select,
+    true,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -141,6 +152,13 @@ _WITH_HISTORY = _CONTINUED.where(
     CallRow.history_key == bindparam("key"),
     CallRow.status == "ok",
 ).order_by(CallRow.id.desc())
+# A message turn's two reads in one statement (one read transaction, one round trip): the session's
+# state row, then each call continuing the history, newest first; a row of NULL calls when none does.
+_STATE = _SESSION_STATE.subquery("state")
+_HISTORY = _WITH_HISTORY.order_by(None).subquery("history")
+_STATE_WITH_HISTORY = (
+    select(_STATE, _HISTORY).select_from(_STATE.outerjoin(_HISTORY, true())).order_by(_HISTORY.c.id.desc())
+)
 _LATEST_ANSWERED = (
     _CONTINUED.where(CallRow.session_id == bindparam("session"), CallRow.status == "ok")
     .order_by(CallRow.id.desc())
@@ -273,6 +291,16 @@ class TurnStore(abc.ABC):
         [(status, template_now, weight_version)] = await self._read(_SESSION_STATE, {"session": session_id})
         state = None if status is None else SessionState(status=status, template_now=template_now)
         return state, weight_version
+
+    async def turn_start_with_history(
+        self, session_id: str, history_key: str
+    ) -> tuple[SessionState | None, str | None, list[ContinuedCall]]:
+        """turn_start and calls_with_history in one read: what a turn that echoes a history reads
+        before it is planned."""
+        rows = await self._read(_STATE_WITH_HISTORY, {"session": session_id, "key": history_key})
+        status, template_now, weight_version = rows[0][:3]
+        state = None if status is None else SessionState(status=status, template_now=template_now)
+        return state, weight_version, [ContinuedCall(*row[3:]) for row in rows if row[3] is not None]
 
     async def calls_with_history(self, session_id: str, history_key: str) -> list[ContinuedCall]:
         rows = await self._read(_WITH_HISTORY, {"session": session_id, "key": history_key})
@@ -423,9 +451,12 @@ class _SqliteWrites:
         first_render: dict[str, datetime] = {}
         for write in writes:
             first_render.setdefault(write.session_id, write.template_now)
-        for session_id, at in first_render.items():
-            if db.execute(self.sessions, (session_id, now, now, self._date(at))).rowcount == 0:
-                refuse_finished([(session_id, "finished")])
+        # One statement for the group's sessions (each sqlite3 call gives up the GIL and takes it back
+        # from the event loop): a finished session's row is left as it is, so fewer rows changed than
+        # sessions written refuses the group, naming the finished ones.
+        upserts = [(session_id, now, now, self._date(at)) for session_id, at in first_render.items()]
+        if db.executemany(self.sessions, upserts).rowcount != len(upserts):
+            refuse_finished(self._finished(db, list(first_render)))
         rows = [self._row(db, call, now) for write in writes for call in write.calls]
         if not rows:
             return [[] for _ in writes]
@@ -435,6 +466,13 @@ class _SqliteWrites:
         [(last,)] = db.execute("SELECT last_insert_rowid()").fetchall()
         call_ids = iter(range(last - len(rows) + 1, last + 1))
         return [[next(call_ids) for _ in write.calls] for write in writes]
+
+    @staticmethod
+    def _finished(db: sqlite3.Connection, session_ids: list[str]) -> list[tuple[str, str]]:
+        marks = ", ".join("?" * len(session_ids))
+        return db.execute(
+            f"SELECT id, status FROM sessions WHERE status = 'finished' AND id IN ({marks})", session_ids
+        ).fetchall()
 
     def _row(self, db: sqlite3.Connection, call: NewCall, now: str) -> list[Any]:
         row = list(call)

@@ -56,18 +56,23 @@ class TurnPlanner:
         self._workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tito-render")
 
     async def plan(
-        self, session_id: str, request: TurnRequest, template_now: datetime
+        self,
+        session_id: str,
+        request: TurnRequest,
+        template_now: datetime,
+        candidates: Sequence[ContinuedCall] | None = None,
     ) -> tuple[PromptPlan, SamplingParams]:
-        """The prompt ids of the request and its sampling parameters, bounded by the context."""
+        """The prompt ids of the request and its sampling parameters, bounded by the context.
+        `candidates`: the calls recorded under the request's history key (history_key), when the
+        caller read them already; else they are read here."""
         if request.prompt_ids is not None:
             plan = await self._plan_tokens(session_id, request.prompt_ids)
         else:
-            parent, appended = await self._find_parent(session_id, request)
+            parent, appended = await self._find_parent(session_id, request, candidates)
             plan = await self._plan_messages(request, parent, appended, template_now)
         params = bounded_sampling(request, len(plan.prompt), self.engine.limits, self.context_length)
-        if len(plan.added) and (
-            int(plan.added.max()) >= self.renderer.vocab_size or int(plan.added.min()) < 0
-        ):
+        # One pass: a negative int32 id is past every vocabulary as a uint32.
+        if len(plan.added) and int(plan.added.view(np.uint32).max()) >= self.renderer.vocab_size:
             # One id outside the vocabulary is enough to kill an SGLang server.
             raise InvalidRequest("the prompt holds a token id outside the vocabulary", param="prompt")
         if params.routed_experts is not None:
@@ -99,25 +104,40 @@ class TurnPlanner:
             prompt=ids, added=ids, parent=None, boundary_edits=[], new_segment_reason="token_prompt"
         )
 
-    async def _find_parent(
-        self, session_id: str, request: TurnRequest
-    ) -> tuple[ContinuedCall | None, list[Message]]:
-        """The recorded call whose conversation the request extends, and the messages appended to it."""
+    @staticmethod
+    def history_key(request: TurnRequest) -> tuple[int, str] | None:
+        """Where a message request's echoed history ends (after its last assistant message) and the
+        key of that history; None when it echoes none or ends with an assistant message."""
+        if request.prompt_ids is not None:
+            return None
         messages = request.messages
         # From the end: the last assistant turn is near it, and a long history has ~130 messages.
         last_assistant = next(
             (i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "assistant"), None
         )
         if last_assistant is None or last_assistant == len(messages) - 1:
+            return None
+        echoed = last_assistant + 1
+        return echoed, request.history_hash.key(echoed, None, request.tools, request.template_kwargs)
+
+    async def _find_parent(
+        self, session_id: str, request: TurnRequest, candidates: Sequence[ContinuedCall] | None
+    ) -> tuple[ContinuedCall | None, list[Message]]:
+        """The recorded call whose conversation the request extends, and the messages appended to it."""
+        found = self.history_key(request)
+        if found is None:
             return None, []
-        echoed = messages[: last_assistant + 1]
-        key = request.history_hash.key(last_assistant + 1, None, request.tools, request.template_kwargs)
-        for candidate in await self.store.calls_with_history(session_id, key):
+        end, key = found
+        if candidates is None:
+            candidates = await self.store.calls_with_history(session_id, key)
+        messages = request.messages
+        echoed = messages[:end]
+        for candidate in candidates:
             recorded = (await self._recorded(candidate)).conversation
             if len(recorded) == len(echoed) and all(
                 reasoning_consistent(e, r) for e, r in zip(echoed, recorded, strict=True)
             ):
-                return candidate, messages[last_assistant + 1 :]
+                return candidate, messages[end:]
         return None, []
 
     async def _recorded(self, call: ContinuedCall) -> Recorded:

@@ -22,7 +22,7 @@ from proxy.errors import ClientClosedRequest, EngineError, SessionFinished
 from proxy.ids import random_hex
 from proxy.observe.metrics import Metrics
 from proxy.store.prompts import ContextCache
-from proxy.store.turn_store import TurnStore
+from proxy.store.turn_store import ContinuedCall, TurnStore
 from proxy.turns.answer_text import AnswerText
 from proxy.turns.planning import TurnPlanner
 from proxy.turns.recording import TurnRecorder
@@ -94,12 +94,19 @@ class TurnRunner:
     async def prepare(self, session_id: str, request: TurnRequest) -> PreparedTurn:
         """Everything before the engine call: the session, the prompt ids, bounded sampling."""
         started = self._clock()
-        session, trainer_version = await self.store.turn_start(session_id)
+        history = self.planner.history_key(request)
+        candidates: list[ContinuedCall] | None = None
+        if history is None:
+            session, trainer_version = await self.store.turn_start(session_id)
+        else:  # both reads in one statement
+            session, trainer_version, candidates = await self.store.turn_start_with_history(
+                session_id, history[1]
+            )
         if session is not None and session.status == "finished":
             raise SessionFinished(f"session {session_id!r} is finished; start a new one", param="session_id")
         # A new session pins the date it is first rendered with; it is created with its first call.
         template_now = session.template_now if session is not None else datetime.now()
-        plan, params = await self.planner.plan(session_id, request, template_now)
+        plan, params = await self.planner.plan(session_id, request, template_now, candidates)
         return PreparedTurn(
             session_id=session_id,
             request=request,

@@ -100,6 +100,13 @@ def test_the_asyncpg_store_writes_a_turn_in_one_statement_and_refuses_what_the_e
             state, version = await store.turn_start("a")
             assert state is not None
             assert (state.status, state.template_now, version) == ("active", datetime(2026, 1, 2), None)
+            # Both reads of a turn that echoes a history, in one statement.
+            assert await store.turn_start_with_history("a", "k") == (
+                state,
+                None,
+                await store.calls_with_history("a", "k"),
+            )
+            assert await store.turn_start_with_history("b", "k") == (None, None, [])
             # A segment deleted while the turn ran: a 409, and nothing of the write stays (its session).
             with pytest.raises(Conflict):
                 await store.record(turn_write("c", segment_id=987654))

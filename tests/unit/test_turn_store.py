@@ -83,6 +83,33 @@ def test_a_record_is_durable_when_it_returns_and_reads_see_it(db: Path, kind: st
 
 
 @pytest.mark.parametrize("kind", STORES)
+def test_one_read_gives_the_session_state_and_the_calls_continuing_a_history(db: Path, kind: str) -> None:
+    """turn_start_with_history reads what turn_start and calls_with_history read, in one statement."""
+
+    async def scenario() -> None:
+        store = STORES[kind](f"sqlite:///{db}")
+        try:
+            assert await store.turn_start_with_history("s", "k") == (None, None, [])
+            first, second = await store.record(turn_write("s", calls=2))
+            with sqlite3.connect(db) as other:  # set by another process (POST /admin/weight_version)
+                other.execute("insert into settings (key, value) values ('weight_version', 'v7')")
+            state, version, calls = await store.turn_start_with_history("s", "k")
+            assert (state, version) == await store.turn_start("s")
+            assert state is not None
+            assert (state.status, state.template_now, version) == ("active", datetime(2026, 1, 2), "v7")
+            assert calls == await store.calls_with_history("s", "k")
+            assert [call.id for call in calls] == [second, first]  # newest first
+            assert calls[0].response_message == {"role": "assistant", "content": "ok"}
+            # A history no call has, and a session without calls: the state alone.
+            assert await store.turn_start_with_history("s", "other") == (state, "v7", [])
+            assert await store.turn_start_with_history("t", "k") == (None, "v7", [])
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("kind", STORES)
 def test_a_bad_write_fails_alone_and_commits_nothing_of_itself(db: Path, kind: str) -> None:
     async def scenario() -> None:
         store = STORES[kind](f"sqlite:///{db}")
