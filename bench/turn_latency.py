@@ -10,6 +10,8 @@ trajectory, are as long as this one's to a token or two). Both calls then find t
 proxy in the same state: on this shared host a process that sat idle for half a second runs its
 next request markedly slower, and measuring all direct calls after a session would compare an idle
 proxy at turn 1 with a busy one at turn 64. A first session, not measured, gives session 0 its ids.
+The added time is the median of each pair's difference (and, beside it, the difference of the two
+medians).
 
 Run: .venv/bin/python -m bench.turn_latency [--sessions 10] [--turns 64]
 """
@@ -114,7 +116,12 @@ def measure(sessions: int, turns: int, measured: tuple[int, ...]) -> dict[str, A
             "prompt_tokens": rounds.prompt_tokens[turn],
             "direct_p50_ms": round(statistics.median(direct_ms), 3),
             "proxy_p50_ms": round(statistics.median(proxy_ms), 3),
-            "added_p50_ms": round(statistics.median(proxy_ms) - statistics.median(direct_ms), 3),
+            # Each pair was measured back to back: the median of the pairs' differences, so that a
+            # stretch of slow host (both calls slower) cancels out instead of moving one median.
+            "added_p50_ms": round(
+                statistics.median(p - d for p, d in zip(proxy_ms, direct_ms, strict=True)), 3
+            ),
+            "median_difference_ms": round(statistics.median(proxy_ms) - statistics.median(direct_ms), 3),
             "direct_p99_ms": round(percentile(direct_ms, 99), 3),
             "proxy_p99_ms": round(percentile(proxy_ms, 99), 3),
         }
