@@ -35,7 +35,7 @@ REFRESH_S = 1.0
 # How often an engine that cannot be listed is tried again while a name waits on it.
 RESTART_POLL_S = 0.5
 # How long after the last name that is not the base model's the listing is kept fresh in the
-# background: a listing a second while a harness is at work, none once it has stopped.
+# background: one every half second while a harness is at work, none once it has stopped.
 KEEP_FRESH_S = 60.0
 
 
