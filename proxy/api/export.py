@@ -16,7 +16,7 @@ from proxy.api.deps import StateDep, check_session_id, known_query
 from proxy.api.export_stream import ExportStream
 from proxy.api.schemas import MAX_DB_INTEGER, RowId
 from proxy.app_state import AppState
-from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
+from proxy.errors import InvalidRequest, NotFound
 from proxy.export.branches import BranchFilter
 from proxy.export.columns import as_lists
 from proxy.export.formats import MetadataType, jsonl, parquet_stream, require_pyarrow
@@ -189,33 +189,6 @@ def _id_list(values: list[str] | None, param: str) -> list[str] | None:
     return ids
 
 
-_EXPORT_PARAMS = frozenset(
-    {
-        "mode",
-        "format",
-        "status",
-        "after",
-        "consumer",
-        "branches",
-        "session_ids",
-        "group_ids",
-        "whole_groups",
-        "limit",
-        "min_weight_version",
-    }
-)
-
-
-def _refuse_unknown(request: Request) -> None:
-    """A misspelled filter (`min_version=...`) would export what the trainer asked to leave out."""
-    unknown = sorted(set(request.query_params) - _EXPORT_PARAMS)
-    if unknown:
-        raise UnsupportedParameter(
-            f"unknown export parameter {unknown[0]!r}; known: {', '.join(sorted(_EXPORT_PARAMS))}",
-            param=unknown[0],
-        )
-
-
 async def _snapshot(
     state: AppState, selection: Selection, metadata: MetadataType | None
 ) -> tuple[Snapshot, Start | None]:
@@ -233,7 +206,27 @@ async def _snapshot(
         return await take_snapshot(db, now), None
 
 
-@router.get("/export")
+@router.get(
+    "/export",
+    # A misspelled filter (`min_version=...`) would export what the trainer asked to leave out.
+    dependencies=[
+        Depends(
+            known_query(
+                "mode",
+                "format",
+                "status",
+                "after",
+                "consumer",
+                "branches",
+                "session_ids",
+                "group_ids",
+                "whole_groups",
+                "limit",
+                "min_weight_version",
+            )
+        )
+    ],
+)
 async def export(
     request: Request,
     state: StateDep,
@@ -254,7 +247,6 @@ async def export(
     not acked; abandoned branches (a retry the harness went on with superseded them) only with
     `branches=all`. Filters: `session_ids`, `group_ids`, `whole_groups` (a group once all its
     sessions finished), `limit` (sessions, or groups with whole_groups), `min_weight_version`."""
-    _refuse_unknown(request)
     require_pyarrow(format)
     if whole_groups and status != "finished":
         raise InvalidRequest(
