@@ -158,7 +158,7 @@ class PostgresTurnStore(TurnStore):
             found = await connection.fetch(sql, *parameters)
         return compiled.converted(found)
 
-    async def record(self, write: TurnWrite) -> list[int]:
+    async def record(self, write: TurnWrite, *, alone: bool = False) -> list[int]:
         opens = tuple(call.segment_id is None for call in write.calls)
         sql = self._writes.get(opens)
         if sql is None:

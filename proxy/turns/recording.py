@@ -39,8 +39,11 @@ class TurnRecorder:
         contexts: ContextCache,
         answers: AnswerText,
         clock: Callable[[], float],
+        alone: Callable[[], bool] = lambda: False,
     ) -> None:
         self.engine = engine
+        # Whether the turn being recorded is the only one under way (its commit may then block the loop).
+        self._alone = alone
         self.store = store
         self.contexts = contexts
         self.answers = answers
@@ -76,7 +79,8 @@ class TurnRecorder:
         call_ids = await self.store.record(
             TurnWrite(
                 session_id=turn.session_id, template_now=turn.template_now, calls=[call for call, _ in built]
-            )
+            ),
+            alone=self._alone(),
         )
         if self.metrics is not None:
             statuses = [call.status for call, _ in built]

@@ -57,6 +57,7 @@ class TurnRunner:
         self._clock = clock
         # Sessions with a turn under way in this process: the idle sweep leaves them open.
         self.in_flight: Counter[str] = Counter()
+        self.under_way = 0  # turns, over all sessions: the sum of in_flight, kept as the turns go
         # The parts share the renderer, store and context cache: what one records the other continues.
         self.answers = AnswerText(renderer, self.parser)
         self.planner = TurnPlanner(
@@ -68,7 +69,12 @@ class TurnRunner:
             history_mode=history_mode,
         )
         self.recorder = TurnRecorder(
-            engine=engine, store=store, contexts=self.contexts, answers=self.answers, clock=clock
+            engine=engine,
+            store=store,
+            contexts=self.contexts,
+            answers=self.answers,
+            clock=clock,
+            alone=lambda: self.under_way <= 1,
         )
 
     @property
@@ -84,9 +90,11 @@ class TurnRunner:
     def busy(self, session_id: str) -> Iterator[None]:
         """Marks the session as having a turn under way until the turn is answered."""
         self.in_flight[session_id] += 1
+        self.under_way += 1
         try:
             yield
         finally:
+            self.under_way -= 1
             self.in_flight[session_id] -= 1
             if not self.in_flight[session_id]:
                 del self.in_flight[session_id]

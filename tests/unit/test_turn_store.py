@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import sqlite3
+import threading
 from collections.abc import Callable
 from contextlib import closing
 from datetime import datetime
@@ -341,3 +342,74 @@ def test_a_wal_the_checkpointer_cannot_keep_short_is_checkpointed_by_the_writer(
     monkeypatch.setattr(turn_store, "WAL_LIMIT_PAGES", 50)
     wal, _ = _write_many(db, 300)
     assert wal < 4 * 1024 * 1024  # unbounded, 300 such turns leave ~15 MB
+
+
+def _commit_threads(store: TurnStore) -> list[str]:
+    """The name of the thread each commit ran on, as the store reports its commits."""
+    threads: list[str] = []
+    store.on_commit = lambda size, seconds: threads.append(threading.current_thread().name)
+    return threads
+
+
+def test_a_turn_alone_is_committed_on_the_event_loop_and_is_durable_when_it_returns(db: Path) -> None:
+    async def scenario() -> tuple[list[int], list[int], list[str]]:
+        store = SqliteTurnStore(f"sqlite:///{db}")
+        threads = _commit_threads(store)
+        try:
+            alone = await store.record(turn_write("a"), alone=True)
+            assert _recorded_ids(db) == set(alone)
+            queued = await store.record(turn_write("b"))
+            return alone, queued, threads
+        finally:
+            await store.close()
+
+    alone, queued, threads = asyncio.run(scenario())
+    assert threads == [threading.main_thread().name, "tito-turn-writer"]
+    assert _recorded_ids(db) == {*alone, *queued}
+
+
+def test_a_turn_alone_waits_for_the_writer_while_it_commits_others(db: Path) -> None:
+    """The writer thread is inside a commit (held up by another connection's lock): a turn said to be
+    alone queues behind it instead of blocking the event loop on the same lock."""
+
+    async def scenario() -> tuple[list[list[int]], list[str]]:
+        store = SqliteTurnStore(f"sqlite:///{db}")
+        threads = _commit_threads(store)
+        holder = _hold_write_lock(db)
+        try:
+            first = asyncio.create_task(store.record(turn_write("queued")))
+            await asyncio.sleep(0.2)  # the writer has taken it and waits for the database
+            second = asyncio.create_task(store.record(turn_write("alone"), alone=True))
+            await asyncio.sleep(0.2)
+            assert not first.done()
+            assert not second.done()  # the loop ran on: the sleep above returned
+            holder.rollback()
+            return list(await asyncio.gather(first, second)), threads
+        finally:
+            holder.close()
+            await store.close()
+
+    results, threads = asyncio.run(scenario())
+    assert threads == ["tito-turn-writer", "tito-turn-writer"]
+    assert _recorded_ids(db) == {call_id for call_ids in results for call_id in call_ids}
+
+
+def test_a_refused_turn_alone_is_refused_as_a_queued_one_is(db: Path) -> None:
+    async def scenario() -> BaseException:
+        store = SqliteTurnStore(f"sqlite:///{db}")
+        try:
+            await store.record(turn_write("done"), alone=True)
+            with sqlite3.connect(db) as other:
+                other.execute("update sessions set status = 'finished' where id = 'done'")
+            with pytest.raises(SessionFinished) as refused:
+                await store.record(turn_write("done"), alone=True)
+            await store.record(turn_write("next"), alone=True)  # the connection is left clean
+            return refused.value
+        finally:
+            await store.close()
+
+    refused = asyncio.run(scenario())
+    assert refused.status_code == 409
+    with sqlite3.connect(db) as other:
+        per_session = dict(other.execute("select session_id, count(*) from calls group by session_id"))
+    assert per_session == {"done": 1, "next": 1}
