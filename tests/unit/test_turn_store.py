@@ -395,7 +395,7 @@ def test_a_turn_alone_waits_for_the_writer_while_it_commits_others(db: Path) -> 
 
 
 def test_a_refused_turn_alone_is_refused_as_a_queued_one_is(db: Path) -> None:
-    async def scenario() -> BaseException:
+    async def scenario() -> SessionFinished:
         store = SqliteTurnStore(f"sqlite:///{db}")
         try:
             await store.record(turn_write("done"), alone=True)
