@@ -58,6 +58,9 @@ CHECKPOINT_AFTER_COMMITS = 32
 # A WAL this long (in pages) is checkpointed by the writer itself, between two commits: under writes
 # that never pause, the checkpointer's copies never catch up and the WAL would only grow.
 WAL_LIMIT_PAGES = 4_000
+# A turn alone is committed on the event loop only while commits take less than this (a smoothed
+# average): on a slow disk an fsync held on the loop would stall the requests that arrive meanwhile.
+INLINE_COMMIT_MAX_S = 0.002
 
 
 class NewCall(NamedTuple):
@@ -550,6 +553,7 @@ class SqliteTurnStore(TurnStore):
             "PRAGMA wal_autocheckpoint=0"
         )
         self._write_lock = threading.Lock()
+        self._commit_s = 0.0  # seconds a commit takes, smoothed over the recent ones
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_loop, name="tito-turn-writer", daemon=True)
         self._writer.start()
@@ -575,7 +579,12 @@ class SqliteTurnStore(TurnStore):
                 self._read_db.rollback()
 
     async def record(self, write: TurnWrite, *, alone: bool = False) -> list[int]:
-        if alone and self._queue.empty() and self._write_lock.acquire(blocking=False):
+        if (
+            alone
+            and self._commit_s < INLINE_COMMIT_MAX_S
+            and self._queue.empty()
+            and self._write_lock.acquire(blocking=False)
+        ):
             # Nothing else under way: committing right here spares the hand-off to the writer thread
             # and back (~0.15 ms of a lone turn's answer). Under load turns wait for the writer, whose
             # group commits would be lost if the event loop held each fsync.
@@ -648,12 +657,14 @@ class SqliteTurnStore(TurnStore):
             self._wal_long = _checkpoint(raw) > WAL_LIMIT_PAGES
         began = time.perf_counter()
         outcomes = self._commit(self._write_db, writes)
+        took = time.perf_counter() - began
+        self._commit_s += (took - self._commit_s) / 8
         self._commits += 1
         if self._commits >= CHECKPOINT_AFTER_COMMITS:
             self._commits = 0
             self._wal_written.set()
         if self.on_commit is not None:
-            self.on_commit(len(writes), time.perf_counter() - began)
+            self.on_commit(len(writes), took)
         return outcomes
 
     def _commit(self, db: Connection, writes: list[TurnWrite]) -> list[_Committed]:

@@ -413,3 +413,23 @@ def test_a_refused_turn_alone_is_refused_as_a_queued_one_is(db: Path) -> None:
     with sqlite3.connect(db) as other:
         per_session = dict(other.execute("select session_id, count(*) from calls group by session_id"))
     assert per_session == {"done": 1, "next": 1}
+
+
+def test_a_turn_alone_goes_to_the_writer_while_commits_are_slow(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a disk whose commits take longer than INLINE_COMMIT_MAX_S, an fsync held on the event loop
+    would stall every request arriving meanwhile: the writer thread commits instead."""
+    monkeypatch.setattr(turn_store, "INLINE_COMMIT_MAX_S", 0.0)
+
+    async def scenario() -> list[str]:
+        store = SqliteTurnStore(f"sqlite:///{db}")
+        threads = _commit_threads(store)
+        try:
+            await store.record(turn_write("a"))  # a first commit: its time is what the store knows
+            await store.record(turn_write("b"), alone=True)
+            return threads
+        finally:
+            await store.close()
+
+    assert asyncio.run(scenario()) == ["tito-turn-writer", "tito-turn-writer"]
