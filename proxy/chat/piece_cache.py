@@ -58,6 +58,13 @@ class PromptTooLong(Exception):
         self.tokens = tokens
 
 
+def ids_of(tokenizer: Tokenizer, text: str) -> list[int]:
+    """The tokenizer's ids of `text` without BOS/EOS: its own encode, minus the character offsets
+    of each token, which `encode` computes and nothing here reads (~10% of the time of an encode)."""
+    (encoding,) = tokenizer.encode_batch_fast([text], add_special_tokens=False)
+    return list(encoding.ids)
+
+
 class PieceCache:
     """`encode(text)` gives the tokenizer's own ids for `text` (without its BOS/EOS), from cached
     chunks where the tokenizer is proven to encode that way; `proven` says whether it is."""
@@ -139,12 +146,12 @@ class PieceCache:
         if sum(map(len, chunks)) >= self._large_chars:
             # encode_batch releases the GIL while it works; encode does not. Building the ids of a
             # refused prompt would hold it for ~0.5 us a token, so they are counted first.
-            encodings = self._tokenizer.encode_batch(list(chunks), add_special_tokens=False)
+            encodings = self._tokenizer.encode_batch_fast(list(chunks), add_special_tokens=False)
             count = cached + sum(len(e) for e in encodings)
             if at_most is not None and count > at_most:
                 raise PromptTooLong(count)
             return [e.ids for e in encodings]
-        return [self._tokenizer.encode(chunk, add_special_tokens=False).ids for chunk in chunks]
+        return [ids_of(self._tokenizer, chunk) for chunk in chunks]
 
     def _keep(self, chunks: Sequence[str], ids: Sequence[list[int]]) -> None:
         with self._lock:

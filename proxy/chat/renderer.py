@@ -142,7 +142,7 @@ class Renderer:
         if len(text) < LARGE_TEXT_CHARS:
             if by_pieces:
                 return self.pieces.encode(text)  # at_most is checked on large texts only, as below
-            return list(self.tokenizer.encode(text, add_special_tokens=special).ids)
+            return list(self._encoding(text, special).ids)
         if at_most is not None and len(text) > _PROBE_CHARS_PER_TOKEN * at_most:
             # Freeing an encoding takes the GIL for ~0.5 us per token (~0.8 s for a 10 MB message), so
             # a text far too long is refused from a prefix: more text never has fewer tokens, and the
@@ -162,8 +162,9 @@ class Renderer:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def _encoding(self, text: str, special: bool) -> Any:
-        # encode_batch releases the GIL while it works; encode does not.
-        (encoding,) = self.tokenizer.encode_batch([text], add_special_tokens=special)
+        # encode_batch releases the GIL while it works; encode does not. The fast kind leaves out the
+        # tokens' character offsets, which nothing here reads: the same ids, ~10% sooner.
+        (encoding,) = self.tokenizer.encode_batch_fast([text], add_special_tokens=special)
         return encoding
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 
-from proxy.chat.piece_cache import PieceCache
+from proxy.chat.piece_cache import PieceCache, ids_of
 from proxy.chat.renderer import LARGE_TEXT_CHARS, PromptTooLong, Renderer
 from proxy.chat.tokenizer import load_tokenizer_files
 from tests.families import FAMILIES, MISTRAL_NEMO_FAMILY, build_tokenizer_dir
@@ -244,3 +244,19 @@ def test_a_prompt_refused_from_cached_and_new_chunks_counts_them_all(qwen: Token
         cache.encode(text, at_most=tokens - 1)
     assert refused.value.tokens == tokens
     assert cache.encode(text, at_most=tokens) == _plain(qwen, text)
+
+
+@pytest.mark.parametrize("name", [*FAMILIES, MISTRAL_NEMO_FAMILY.name, "metaspace-first"])
+def test_ids_without_offsets_are_the_plain_encode_of_every_tokenizer(name: str, tmp_path: Path) -> None:
+    """The proxy encodes without the tokens' character offsets (encode_batch_fast): the same pipeline
+    less the offsets, so the same ids, which this checks on every family's tokenizer and on the one
+    whose pre-tokenizer reads offsets (Metaspace marking only the start of the whole text)."""
+    if name == "metaspace-first":
+        tokenizer = _metaspace_tokenizer()
+        texts = ["hello<sep>hello world", "<sep>hello", " hello <sep> world<LOW>x", "HELLO<low>"]
+    else:
+        family = FAMILIES.get(name, MISTRAL_NEMO_FAMILY)
+        tokenizer = Tokenizer.from_file(str(build_tokenizer_dir(family, tmp_path) / "tokenizer.json"))
+        texts = _random_texts(tokenizer, 150, seed=len(name))
+    for text in texts:
+        assert ids_of(tokenizer, text) == _plain(tokenizer, text), text
