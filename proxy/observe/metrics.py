@@ -97,7 +97,8 @@ class Metrics:
             self.engine_errors.labels(code or "bad_gateway").inc()
 
     def committed(self, group_size: int, seconds: float) -> None:
-        """Called by the turn store: from its writer thread (SQLite) or the event loop, never both."""
+        """Called by the turn store after each commit, one at a time: on SQLite from its writer thread or,
+        for a turn committed alone, the event loop, both under the store's write lock."""
         self.commit_group.observe(group_size)
         self.commit_seconds.observe(seconds)
 

@@ -2,9 +2,9 @@
 
 A prometheus_client update takes a lock per value it touches: the seven of a recorded turn cost
 ~20 µs, a commit's two ~7 µs. These are plain additions, read only when /metrics is scraped. Each
-metric has one writer thread (the event loop for turns; the turn store's writer, or the loop on
-PostgreSQL, for commits), so no update is lost; a scrape may see a turn half counted, as it may
-with prometheus_client's per-value locks.
+metric is updated by one thread at a time (the event loop for turns; for commits, whoever holds the
+SQLite turn store's write lock, or the loop on PostgreSQL), so no update is lost; a scrape may see
+a turn half counted, as it may with prometheus_client's per-value locks.
 """
 
 from __future__ import annotations
