@@ -122,3 +122,22 @@ def test_a_page_failing_while_a_row_group_is_written_fails_the_stream() -> None:
 
     with pytest.raises(RuntimeError, match="went away"):
         asyncio.run(chunks())
+
+
+def test_an_export_given_up_while_a_row_group_is_written_leaves_nothing_running() -> None:
+    async def stalled() -> AsyncIterator[list[dict[str, Any]]]:
+        for n in range(3):
+            yield [_row(n, "merged", _spec(n))]
+        await asyncio.Event().wait()  # the next page never comes: the client goes away meanwhile
+        yield []
+
+    async def give_up() -> None:
+        stream = parquet_stream("merged", stalled(), MetadataType(), 8)
+        consumer = asyncio.create_task(anext(stream))
+        await asyncio.sleep(0.2)
+        consumer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await consumer
+        await stream.aclose()
+
+    asyncio.run(give_up())  # returns once the default executor's threads are done
