@@ -131,13 +131,14 @@ def test_an_export_given_up_while_a_row_group_is_written_leaves_nothing_running(
         await asyncio.Event().wait()  # the next page never comes: the client goes away meanwhile
         yield []
 
+    async def consume() -> list[bytes]:
+        return [chunk async for chunk in parquet_stream("merged", stalled(), MetadataType(), 8)]
+
     async def give_up() -> None:
-        stream = parquet_stream("merged", stalled(), MetadataType(), 8)
-        consumer = asyncio.create_task(anext(stream))
+        consumer = asyncio.create_task(consume())
         await asyncio.sleep(0.2)
         consumer.cancel()
         with pytest.raises(asyncio.CancelledError):
             await consumer
-        await stream.aclose()
 
     asyncio.run(give_up())  # returns once the default executor's threads are done
