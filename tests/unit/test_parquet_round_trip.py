@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -94,3 +95,50 @@ def test_a_parquet_export_reads_back_the_rows_lists(mode: str, specs: list[Spec]
         if name in read.column_names:
             numpy_rows = read.column(name).to_numpy()
             assert [list(values) for values in numpy_rows] == expected.column(name).to_pylist()
+
+
+def _spec(n: int) -> Spec:
+    return ([[n, n + 1, n + 2]], [(1, 3)], [[-0.5, -0.25, -0.125]], float(n))
+
+
+def test_row_groups_written_while_the_next_is_built_keep_their_order() -> None:
+    rows = [_row(n, "merged", _spec(n)) for n in range(40)]
+    file = pq.ParquetFile(io.BytesIO(_written("merged", rows)))
+    assert file.metadata.num_row_groups == 4  # 6 tokens a row, a group closed at 64: 11 rows
+    assert file.read(columns=["cursor"]).column("cursor").to_pylist() == list(range(40))
+    assert file.read(columns=["prompt_ids"]).column("prompt_ids").to_pylist() == [
+        as_lists(row)["prompt_ids"] for row in rows
+    ]
+
+
+def test_a_page_failing_while_a_row_group_is_written_fails_the_stream() -> None:
+    async def failing() -> AsyncIterator[list[dict[str, Any]]]:
+        for n in range(3):
+            yield [_row(n, "merged", _spec(n))]
+        raise RuntimeError("the database went away")
+
+    async def chunks() -> list[bytes]:
+        return [chunk async for chunk in parquet_stream("merged", failing(), MetadataType(), 8)]
+
+    with pytest.raises(RuntimeError, match="went away"):
+        asyncio.run(chunks())
+
+
+def test_an_export_given_up_while_a_row_group_is_written_leaves_nothing_running() -> None:
+    async def stalled() -> AsyncIterator[list[dict[str, Any]]]:
+        for n in range(3):
+            yield [_row(n, "merged", _spec(n))]
+        await asyncio.Event().wait()  # the next page never comes: the client goes away meanwhile
+        yield []
+
+    async def consume() -> list[bytes]:
+        return [chunk async for chunk in parquet_stream("merged", stalled(), MetadataType(), 8)]
+
+    async def give_up() -> None:
+        consumer = asyncio.create_task(consume())
+        await asyncio.sleep(0.2)
+        consumer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await consumer
+
+    asyncio.run(give_up())  # returns once the default executor's threads are done
