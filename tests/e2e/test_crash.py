@@ -88,3 +88,26 @@ def test_kill_9_under_load_loses_no_answered_turn(engine: FakeSGLang, qwen_dir: 
             assert httpx.post(f"{url}/sessions/{conversation.session_id}/finish").status_code == 200
         exported = httpx.get(f"{url}/export").text
     assert all(c.session_id in exported for c in conversations)
+
+
+def test_kill_9_right_after_a_lone_turn_is_answered_keeps_it(
+    engine: FakeSGLang, qwen_dir: Path, tmp_path: Path
+) -> None:
+    """One conversation, one turn at a time: each is committed on the event loop (no other turn is
+    under way), and it is as durable there as on the writer thread, answered only once committed."""
+    db = tmp_path / "lone.db"
+    env = {"TITO_DB": f"sqlite:///{db}", "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
+    args = ["--tokenizer", str(qwen_dir), "--log-level", "warning"]
+    conversation = Conversation("lone")
+    for _ in range(2):
+        with spawn_proxy(args, env, tmp_path / "proxy.log") as (process, url):
+            for _ in range(3):
+                assert conversation.turn(url)
+            process.kill()  # at once after the last answer: no shutdown, no flush
+            process.wait(timeout=30)
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        recorded = [
+            row[0] for row in connection.execute("select id from calls where status = 'ok' order by id")
+        ]
+    assert recorded == conversation.answered  # every answered turn, in order, and nothing else
