@@ -58,11 +58,17 @@ class PromptTooLong(Exception):
         self.tokens = tokens
 
 
+def encoding_of(tokenizer: Tokenizer, text: str, *, special: bool = False) -> Any:
+    """The tokenizer's encoding of `text` (`special`: with its BOS/EOS): its own encode, minus the
+    tokens' character offsets, which `encode` computes and nothing here reads (~10% of the time of
+    an encode); the batch call releases the GIL while it works, where `encode` holds it."""
+    (encoding,) = tokenizer.encode_batch_fast([text], add_special_tokens=special)
+    return encoding
+
+
 def ids_of(tokenizer: Tokenizer, text: str) -> list[int]:
-    """The tokenizer's ids of `text` without BOS/EOS: its own encode, minus the character offsets
-    of each token, which `encode` computes and nothing here reads (~10% of the time of an encode)."""
-    (encoding,) = tokenizer.encode_batch_fast([text], add_special_tokens=False)
-    return list(encoding.ids)
+    """The tokenizer's ids of `text`, without BOS/EOS (encoding_of)."""
+    return list(encoding_of(tokenizer, text).ids)
 
 
 class PieceCache:
@@ -77,8 +83,8 @@ class PieceCache:
         max_chars: int = MAX_CHARS,
         large_chars: int = 8192,
     ) -> None:
-        """`large_chars`: chunks to encode that hold this many characters together are encoded with the
-        GIL released (encode_batch), so that a render on a worker thread leaves the event loop free."""
+        """`large_chars`: chunks to encode that hold this many characters together are encoded in one
+        batch and counted against the prompt limit before their ids are built."""
         self._tokenizer = tokenizer
         self._large_chars = large_chars
         self.max_ids, self.max_chars = max_ids, max_chars
@@ -144,8 +150,8 @@ class PieceCache:
     def _encode_each(self, chunks: Sequence[str], cached: int, at_most: int | None) -> list[list[int]]:
         """The ids of each chunk; PromptTooLong when they and `cached` ids are more than `at_most`."""
         if sum(map(len, chunks)) >= self._large_chars:
-            # encode_batch releases the GIL while it works; encode does not. Building the ids of a
-            # refused prompt would hold it for ~0.5 us a token, so they are counted first.
+            # Building the ids of a refused prompt would hold the GIL for ~0.5 us a token, so they
+            # are counted first.
             encodings = self._tokenizer.encode_batch_fast(list(chunks), add_special_tokens=False)
             count = cached + sum(len(e) for e in encodings)
             if at_most is not None and count > at_most:

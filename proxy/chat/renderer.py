@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from proxy.chat.first_prompts import FirstPrompts
 from proxy.chat.messages import CallsOnlyContent, Message, for_template
-from proxy.chat.piece_cache import PieceCache, PromptTooLong
+from proxy.chat.piece_cache import PieceCache, PromptTooLong, encoding_of
 from proxy.chat.probe import TemplateProbe, TemplateVerdict
 from proxy.chat.short_context import ShortContext
 from proxy.chat.template import ChatTemplate
@@ -58,9 +58,10 @@ _SPLIT_SAMPLES = (
 )
 
 
-# Texts at least this long are encoded with the GIL released (`encode_batch`; `encode` holds it
-# throughout, ~1 us per character), so that a render on a worker thread leaves the event loop free.
-# Shorter ones, such as a typical appended tool result, take the direct call.
+# Texts at least this long have their length checked against the prompt limit before their ids are
+# built (a refused 10 MB message would hold the GIL for seconds to build and free them). Every
+# encode releases the GIL while it works (encode_batch_fast), so that a render on a worker thread
+# leaves the event loop free; shorter texts, such as a typical appended tool result, go straight.
 LARGE_TEXT_CHARS = 8192
 
 
@@ -162,10 +163,7 @@ class Renderer:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def _encoding(self, text: str, special: bool) -> Any:
-        # encode_batch releases the GIL while it works; encode does not. The fast kind leaves out the
-        # tokens' character offsets, which nothing here reads: the same ids, ~10% sooner.
-        (encoding,) = self.tokenizer.encode_batch_fast([text], add_special_tokens=special)
-        return encoding
+        return encoding_of(self.tokenizer, text, special=special)
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
