@@ -548,10 +548,9 @@ class SqliteTurnStore(TurnStore):
         # The one connection that writes turns: the writer thread's, or the event loop's for a turn
         # committed alone; whoever holds the lock uses it.
         self._write_db = self._engine.connect()
+        self._write_raw = cast(sqlite3.Connection, self._write_db.connection.dbapi_connection)
         # Checkpoints are the checkpointer's (below); a commit never runs one.
-        cast(sqlite3.Connection, self._write_db.connection.dbapi_connection).execute(
-            "PRAGMA wal_autocheckpoint=0"
-        )
+        self._write_raw.execute("PRAGMA wal_autocheckpoint=0")
         self._write_lock = threading.Lock()
         self._commit_s = 0.0  # seconds a commit takes, smoothed over the recent ones
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
@@ -652,11 +651,10 @@ class SqliteTurnStore(TurnStore):
     def _commit_group(self, writes: list[TurnWrite]) -> list[_Committed]:
         """One commit of these turns on the writer's connection (its lock held), with the WAL kept short
         and the checkpointer told, as every commit does wherever it runs."""
-        raw = cast(sqlite3.Connection, self._write_db.connection.dbapi_connection)
         if self._wal_long:
-            self._wal_long = _checkpoint(raw) > WAL_LIMIT_PAGES
+            self._wal_long = _checkpoint(self._write_raw) > WAL_LIMIT_PAGES
         began = time.perf_counter()
-        outcomes = self._commit(self._write_db, writes)
+        outcomes = self._commit(writes)
         took = time.perf_counter() - began
         self._commit_s += (took - self._commit_s) / 8
         self._commits += 1
@@ -667,11 +665,11 @@ class SqliteTurnStore(TurnStore):
             self.on_commit(len(writes), took)
         return outcomes
 
-    def _commit(self, db: Connection, writes: list[TurnWrite]) -> list[_Committed]:
+    def _commit(self, writes: list[TurnWrite]) -> list[_Committed]:
         """Each turn's call ids, or why it failed; a turn has ids only once its commit is done."""
-        raw = cast(sqlite3.Connection, db.connection.dbapi_connection)
+        raw = self._write_raw
         try:
-            with db.begin():
+            with self._write_db.begin():
                 results = self._writes.write(raw, writes)
         except Exception as error:
             # A failed COMMIT (the disk, a lock) may leave SQLite's transaction open: its rows would
@@ -681,7 +679,7 @@ class SqliteTurnStore(TurnStore):
             if len(writes) == 1:
                 return [([], error)]
             # One bad write must not fail the others: commit each on its own.
-            return [outcome for write in writes for outcome in self._commit(db, [write])]
+            return [outcome for write in writes for outcome in self._commit([write])]
         return [(call_ids, None) for call_ids in results]
 
     @staticmethod
