@@ -57,7 +57,6 @@ class TurnRunner:
         self._clock = clock
         # Sessions with a turn under way in this process: the idle sweep leaves them open.
         self.in_flight: Counter[str] = Counter()
-        self.under_way = 0  # turns, over all sessions: the sum of in_flight, kept as the turns go
         # The parts share the renderer, store and context cache: what one records the other continues.
         self.answers = AnswerText(renderer, self.parser)
         self.planner = TurnPlanner(
@@ -74,7 +73,7 @@ class TurnRunner:
             contexts=self.contexts,
             answers=self.answers,
             clock=clock,
-            alone=lambda: self.under_way <= 1,
+            alone=self._alone,
         )
 
     @property
@@ -86,15 +85,17 @@ class TurnRunner:
     def metrics(self, metrics: Metrics | None) -> None:
         self.recorder.metrics = metrics
 
+    def _alone(self) -> bool:
+        """Whether at most one turn is under way in this process (the one being recorded)."""
+        return len(self.in_flight) <= 1 and sum(self.in_flight.values()) <= 1
+
     @contextlib.contextmanager
     def busy(self, session_id: str) -> Iterator[None]:
         """Marks the session as having a turn under way until the turn is answered."""
         self.in_flight[session_id] += 1
-        self.under_way += 1
         try:
             yield
         finally:
-            self.under_way -= 1
             self.in_flight[session_id] -= 1
             if not self.in_flight[session_id]:
                 del self.in_flight[session_id]
