@@ -10,6 +10,7 @@ it and frees the lock for the next.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -60,6 +61,7 @@ class LocalEngine:
         torch.set_num_threads(max(1, torch.get_num_threads()))
         self._model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         self._model.train(False)  # inference mode: no dropout
+        self._cache_name = _kv_cache_name(self._model)
         self._model_dir = model_dir
         config = self._model.config
         self._vocab_size = int(config.vocab_size)
@@ -160,8 +162,8 @@ class LocalEngine:
         for _ in range(max(budget, 0)):
             if cancel.is_set():
                 return self._aborted(output, logprobs, top if params.top_logprobs else None)
-            result = self._model(input_ids=step_input, past_key_values=past, use_cache=True)
-            past = result.past_key_values
+            result = self._model(input_ids=step_input, use_cache=True, **{self._cache_name: past})
+            past = getattr(result, self._cache_name)
             logits = result.logits[0, -1].float()
             logits = self._apply_penalties(logits, counts, input_ids, params)
             token, logprob = self._pick(logits, params, generator)
@@ -328,3 +330,11 @@ def _refuse_unsupported(params: SamplingParams) -> None:
         )
     if params.routed_experts is not None:
         raise UnsupportedParameter("the local engine cannot return routed experts", param="model")
+
+
+def _kv_cache_name(model: Any) -> str:
+    """What the model's forward calls its key/value cache, in and out.
+
+    transformers 5.24 renamed `past_key_values` to `cache` and warns on the old name; older
+    releases know only the old one."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
