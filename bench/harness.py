@@ -16,6 +16,9 @@ import httpx
 
 from proxy.demo_model import copy_qwen_tokenizer
 
+# A proxy in its steady state: tiktoken proven for the tokenizer at start-up, as a serving proxy has it
+# after its first 100k tokens (proxy/chat/rank_bpe.py).
+STEADY_STATE = {"TITO_FAST_BPE_AFTER_TOKENS": "0"}
 REPLY = '<tool_call>\n{"name": "read_file", "arguments": {"path": "src/main.py"}}\n</tool_call>'
 TOOLS = [
     {
@@ -104,7 +107,7 @@ def running_stack(work: Path, *extra_args: str, reply: str = REPLY) -> Iterator[
             ]
         )
         wait_healthy(engine_url, engine)
-        env = {**os.environ, "TITO_DB": f"sqlite:///{db_path}", "TITO_LOG_LEVEL": "warning"}
+        env = {**os.environ, "TITO_DB": f"sqlite:///{db_path}", "TITO_LOG_LEVEL": "warning", **STEADY_STATE}
         proxy = spawn(
             [
                 sys.executable,

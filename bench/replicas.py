@@ -27,7 +27,7 @@ import orjson
 
 from bench.concurrency import run_sessions
 from bench.floor import long_conversation
-from bench.harness import REPLY, cpu_seconds, free_port, wait_healthy
+from bench.harness import REPLY, STEADY_STATE, cpu_seconds, free_port, wait_healthy
 from proxy.demo_model import copy_qwen_tokenizer
 from tests import postgres_server
 
@@ -102,7 +102,7 @@ def proxies(work: Path, db: str, count: int, *extra: str) -> Iterator[tuple[list
             ],
         )
         wait_healthy(engine_url, engine)
-        env = {**os.environ, "TITO_DB": db, "TITO_LOG_LEVEL": "warning"}
+        env = {**os.environ, "TITO_DB": db, "TITO_LOG_LEVEL": "warning", **STEADY_STATE}
         urls, pids = [], []
         for n in range(count):
             port = free_port()

@@ -103,7 +103,10 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         pool.registry = DatabaseRegistry(session_factory(db_engine))
         await pool.reconcile()  # engines added or removed at run time, before a restart too
         pool.start()
-        renderer = Renderer(load_tokenizer_files(settings.tokenizer_dir))
+        after = settings.fast_bpe_after_tokens
+        renderer = Renderer(
+            load_tokenizer_files(settings.tokenizer_dir), fast_bpe_after=None if after < 0 else after
+        )
         # Every engine answer passes the checks before it is recorded or streamed; every engine call
         # passes the trainer's pause gate, and aborted generations are continued.
         inference = ResumingEngine(

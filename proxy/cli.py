@@ -141,6 +141,12 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument(
         "--max-body-bytes", type=int, help="larger request bodies are a 413 (default 33554432, 32 MiB)"
     )
+    serve.add_argument(
+        "--fast-bpe-after-tokens",
+        type=int,
+        help="tokens encoded before tiktoken is proven exact for the tokenizer (default 100000; 0: at "
+        "start-up, -1: never)",
+    )
 
 
 def _settings_from(args: argparse.Namespace) -> Any:
@@ -182,6 +188,7 @@ def _settings_from(args: argparse.Namespace) -> Any:
         "retry_after_s",
         "engine_restart_wait_s",
         "max_body_bytes",
+        "fast_bpe_after_tokens",
         "workers",
     )
     given = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}

@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     # ~4-6 MB (more with non-ASCII text \u-escaped), and tool results are bounded by the context too:
     # 32 MiB passes any request a model can take, and bounds what one request makes the proxy parse.
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    # Tokens the process encodes with the tokenizer before it tries to prove tiktoken exact for it
+    # (proxy/chat/rank_bpe.py): 0 at start-up, -1 never.
+    fast_bpe_after_tokens: int = Field(default=100_000, ge=-1)
     # Bearer keys: the harness key opens the OpenAI surface; the admin key opens sessions, trajectories,
     # exports and weight versions. Without an admin key those need the harness key (if one is set).
     api_key: SecretStr | None = None

@@ -20,7 +20,14 @@ async def template_report(state: StateDep) -> dict[str, Any]:
     parser = state.tool_parser.as_json() if state.tool_parser is not None else None
     report = getattr(state.engine, "report", None)
     engine = report() if callable(report) else {"kind": state.engine.name}
-    return {**state.renderer.verdict.as_json(), "tool_parser": parser, "engine": engine}
+    # The encode cache's report is read now: its tiktoken proof is made after start-up.
+    encode_cache = state.renderer.pieces.as_json()
+    return {
+        **state.renderer.verdict.as_json(),
+        "encode_cache": encode_cache,
+        "tool_parser": parser,
+        "engine": engine,
+    }
 
 
 @router.get("/models")

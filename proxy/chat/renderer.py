@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from proxy.chat.first_prompts import FirstPrompts
 from proxy.chat.messages import CallsOnlyContent, Message, for_template
-from proxy.chat.piece_cache import PieceCache, PromptTooLong, encoding_of
+from proxy.chat.piece_cache import FAST_BPE_AFTER_TOKENS, PieceCache, PromptTooLong, encoding_of
 from proxy.chat.probe import TemplateProbe, TemplateVerdict
 from proxy.chat.short_context import ShortContext
 from proxy.chat.template import ChatTemplate
@@ -94,12 +94,13 @@ class Delta:
 class Renderer:
     """Renders conversations to ids with the served tokenizer and chat template."""
 
-    def __init__(self, files: TokenizerFiles) -> None:
+    def __init__(self, files: TokenizerFiles, *, fast_bpe_after: int | None = FAST_BPE_AFTER_TOKENS) -> None:
+        """`fast_bpe_after`: tokens to encode before tiktoken is tried (PieceCache)."""
         self.files = files
         self.tokenizer = files.tokenizer
         self.template = ChatTemplate(files.chat_template, files.special_tokens)
         # Decided from the tokenizer alone, so that the probe's encodes already take it.
-        self.pieces = PieceCache(self.tokenizer, large_chars=LARGE_TEXT_CHARS)
+        self.pieces = PieceCache(self.tokenizer, large_chars=LARGE_TEXT_CHARS, fast_bpe_after=fast_bpe_after)
         self.first_prompts = FirstPrompts(pure=self.template.pure, reads_date=self.template.reads_date)
         decoder = self.tokenizer.get_added_tokens_decoder()
         self.special_ids = frozenset(int(i) for i, token in decoder.items() if token.special)

@@ -66,3 +66,41 @@ def test_cached_encodes_record_the_ids_transformers_renders(
             segments = httpx.get(f"{proxy_url}/sessions/{session}/trajectory").json()["segments"]
             assert len(segments) == 1
             assert segments[0]["prompt_ids"] == expected
+
+
+def _tool_conversation(proxy_url: str, engine: FakeSGLang, session: str) -> list[list[int]]:
+    """A coding agent's turns with tool results (ASCII code and logs, one with non-ASCII text): the
+    prompt ids the engine received for each."""
+    url = f"{proxy_url}/sessions/{session}/v1/chat/completions"
+    messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "Fix the failing test."}]
+    results = [
+        "def f(x):\n    return x+1  # it's fine\n\n\tprint('ok')\r\n" * 20,
+        'Traceback (most recent call last):\n  File "a.py", line 3\nValueError: 12345 != 0x1F\n' * 10,
+        "données: 漢字 🙂 and ASCII after\n" * 5,
+        "   \n\n    trailing spaces   \n" + "-" * 80,
+    ]
+    sent: list[list[int]] = []
+    for n, result in enumerate(results):
+        answer = httpx.post(url, json={"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 8})
+        assert answer.status_code == 200, answer.text
+        sent.append(engine.requests[-1]["input_ids"])
+        reply = answer.json()["choices"][0]["message"]
+        call = {"id": f"call_{n}", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
+        messages += [
+            {"role": "assistant", "content": reply["content"], "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{n}", "content": result},
+        ]
+    return sent
+
+
+def test_tiktoken_proven_at_start_up_sends_the_ids_the_tokenizer_gives(
+    start_proxy: Any, engine: FakeSGLang
+) -> None:
+    sent = {}
+    for after in (0, -1):  # proven at start-up, and never used
+        with start_proxy(fast_bpe_after_tokens=after) as url:
+            fast = httpx.get(f"{url}/v1/template").json()["encode_cache"]["fast_bpe"]
+            assert fast["state"] == ("proven" if after == 0 else "off"), fast
+            sent[after] = _tool_conversation(url, engine, f"agent-{after}")
+    assert sent[0] == sent[-1]
+    assert len(sent[0][-1]) > len(sent[0][0]) + 500  # the tool results went into the prompts
