@@ -225,16 +225,18 @@ async def create_message(
 
 
 @router.post("/messages/count_tokens")
-async def count_tokens(body: CountTokensRequest, state: StateDep) -> dict[str, Any]:
-    """The prompt's length as this proxy would render it, with the served tokenizer and template."""
-    return {"input_tokens": _rendered_length(state, body)}
+async def count_tokens(body: CountTokensRequest, state: StateDep, session: SessionIdDep) -> dict[str, Any]:
+    """The prompt's length as this proxy would render it, with the served tokenizer and template,
+    and the date the session's next turn renders (a template may print it: the session pins it)."""
+    session_id, _ = session
+    return {"input_tokens": _rendered_length(state, body, await state.turns.template_now(session_id))}
 
 
-def _rendered_length(state: AppState, body: CountTokensRequest) -> int:
+def _rendered_length(state: AppState, body: CountTokensRequest, now: datetime) -> int:
     messages = anthropic_messages(body.system, body.messages, state.sealer)
     kwargs = template_kwargs(body.thinking, body.output_config)
     return len(
         state.renderer.render_prompt(
-            messages, tools=chat_tools(body.tools) or None, template_kwargs=kwargs, now=datetime.now()
+            messages, tools=chat_tools(body.tools) or None, template_kwargs=kwargs, now=now
         )
     )

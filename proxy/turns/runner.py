@@ -22,7 +22,7 @@ from proxy.errors import ClientClosedRequest, EngineError, SessionFinished
 from proxy.ids import random_hex
 from proxy.observe.metrics import Metrics
 from proxy.store.prompts import ContextCache
-from proxy.store.turn_store import ContinuedCall, TurnStore
+from proxy.store.turn_store import ContinuedCall, SessionState, TurnStore
 from proxy.turns.answer_text import AnswerText
 from proxy.turns.planning import TurnPlanner
 from proxy.turns.recording import TurnRecorder
@@ -113,8 +113,7 @@ class TurnRunner:
             )
         if session is not None and session.status == "finished":
             raise SessionFinished(f"session {session_id!r} is finished; start a new one", param="session_id")
-        # A new session pins the date it is first rendered with; it is created with its first call.
-        template_now = session.template_now if session is not None else datetime.now()
+        template_now = render_date(session)
         plan, params = await self.planner.plan(session_id, request, template_now, candidates)
         return PreparedTurn(
             session_id=session_id,
@@ -129,6 +128,11 @@ class TurnRunner:
             reasoning_open=self.answers.reasoning_open(plan.prompt),
             parser=self.parser_for(request),
         )
+
+    async def template_now(self, session_id: str) -> datetime:
+        """The date the session's next turn renders with: what a render outside a turn (count_tokens)
+        must use, so that it gives the prompt that turn sends."""
+        return render_date(await self.store.session_state(session_id))
 
     def parser_for(self, request: TurnRequest) -> OutputParser:
         return self.answers.parser_for(request)
@@ -211,6 +215,12 @@ class TurnRunner:
         self, generation: Generation, *, reasoning_open: bool = False, parser: OutputParser | None = None
     ) -> ParsedOutput:
         return self.answers.parse(generation, reasoning_open=reasoning_open, parser=parser)
+
+
+def render_date(session: SessionState | None) -> datetime:
+    """The date a session's templates print: pinned when it was first rendered (or created by POST
+    /sessions), so that a later turn extends its prompt; a session not yet recorded renders today's."""
+    return session.template_now if session is not None else datetime.now()
 
 
 async def _either(first: asyncio.Future[Any], second: asyncio.Future[Any]) -> None:
