@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from proxy.api.answering import retried_session
 from proxy.api.deps import SessionIdDep, StateDep
 from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
@@ -186,10 +187,10 @@ class CountTokensRequest(BaseModel):
 async def create_message(
     body: MessagesRequest, state: StateDep, session: SessionIdDep, http_request: Request
 ) -> Response:
-    session_id, _ = session
     body.check_supported()
     sealer = state.sealer
     identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
+    session_id = await retried_session(state, session, identity)
     request = turn_request(
         state,
         dialect="anthropic",
