@@ -103,14 +103,7 @@ class TurnRunner:
     async def prepare(self, session_id: str, request: TurnRequest) -> PreparedTurn:
         """Everything before the engine call: the session, the prompt ids, bounded sampling."""
         started = self._clock()
-        history = self.planner.history_key(request)
-        candidates: list[ContinuedCall] | None = None
-        if history is None:
-            session, trainer_version = await self.store.turn_start(session_id)
-        else:  # both reads in one statement
-            session, trainer_version, candidates = await self.store.turn_start_with_history(
-                session_id, history[1]
-            )
+        session, trainer_version, candidates = await self._start(session_id, request)
         if session is not None and session.status == "finished":
             raise SessionFinished(f"session {session_id!r} is finished; start a new one", param="session_id")
         template_now = render_date(session)
@@ -129,9 +122,28 @@ class TurnRunner:
             parser=self.parser_for(request),
         )
 
+    async def _start(
+        self, session_id: str, request: TurnRequest
+    ) -> tuple[SessionState | None, str | None, list[ContinuedCall] | None]:
+        """The session's state, the trainer-set weight version and, for a request that echoes a
+        history, the calls recorded under it (both reads in one statement)."""
+        history = self.planner.history_key(request)
+        if history is None:
+            session, trainer_version = await self.store.turn_start(session_id)
+            return session, trainer_version, None
+        return await self.store.turn_start_with_history(session_id, history[1])
+
+    async def prompt_length(self, session_id: str, request: TurnRequest) -> int:
+        """The length of the prompt `request` would be sent as the session's next turn: planned as
+        that turn plans it (the session's pinned date, the recorded call it continues), nothing
+        sampled nor recorded."""
+        session, _, candidates = await self._start(session_id, request)
+        plan = await self.planner.plan_prompt(session_id, request, render_date(session), candidates)
+        return len(plan.prompt)
+
     async def template_now(self, session_id: str) -> datetime:
-        """The date the session's next turn renders with: what a render outside a turn (count_tokens)
-        must use, so that it gives the prompt that turn sends."""
+        """The date the session's next turn renders with: what a render outside a turn must use,
+        so that it gives the prompt that turn sends."""
         return render_date(await self.store.session_state(session_id))
 
     def parser_for(self, request: TurnRequest) -> OutputParser:

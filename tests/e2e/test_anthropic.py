@@ -236,6 +236,9 @@ def test_count_tokens_in_a_session_renders_the_sessions_pinned_date(
     pinned = _a_day_counted_otherwise(qwen_tokenizer)
     db = tmp_path / "dated.db"
     body: Any = {"model": "m", "system": "Be brief.", "messages": [{"role": "user", "content": "date?"}]}
+    engine.push(
+        [*qwen_tokenizer.encode("<think>\nplan\n</think>\n\nIt is today.").ids, im_end(qwen_tokenizer)]
+    )
     with start_proxy(tokenizer=directory, db=db) as url:
         # A session whose date was pinned another day (as by a turn it ran then), without calls yet.
         with sqlite3.connect(db) as connection:
@@ -248,13 +251,41 @@ def test_count_tokens_in_a_session_renders_the_sessions_pinned_date(
         by_header = httpx.post(
             f"{url}/v1/messages/count_tokens", json=body, headers={"x-session-id": "dated"}, timeout=30
         )
-        sent = httpx.post(f"{url}/sessions/dated/v1/messages", json={**body, "max_tokens": 4}, timeout=30)
+        sent = httpx.post(f"{url}/sessions/dated/v1/messages", json={**body, "max_tokens": 64}, timeout=30)
         assert sent.status_code == 200, sent.text
         [segment] = segments(url, "dated")
-    prompt = engine.requests[-1]["input_ids"]
+        # The next turn continues the recorded one (its sampled reasoning kept, which a fresh render
+        # of Qwen3's would drop): counted as that turn is sent.
+        body["messages"] += [
+            {"role": "assistant", "content": sent.json()["content"]},
+            {"role": "user", "content": "and tomorrow?"},
+        ]
+        counted = httpx.post(f"{url}/sessions/dated/v1/messages/count_tokens", json=body, timeout=30)
+        again = httpx.post(f"{url}/sessions/dated/v1/messages", json={**body, "max_tokens": 8}, timeout=30)
+        assert again.status_code == 200, again.text
+        assert [s["num_calls"] for s in segments(url, "dated")] == [2]
+    assert counted.json()["input_tokens"] == len(engine.requests[-1]["input_ids"])
+    prompt = engine.requests[0]["input_ids"]
     assert _date_text(pinned) in qwen_tokenizer.decode(prompt, skip_special_tokens=False)
     assert by_path.status_code == by_header.status_code == 200, (by_path.text, by_header.text)
     assert by_path.json()["input_tokens"] == by_header.json()["input_tokens"] == len(prompt)
     assert len(segment["prompt_ids"]) == len(prompt) == sent.json()["usage"]["input_tokens"]
     # The export's fresh render, too, prints the session's date and not today's.
     assert "date_changed" not in segment["drift"]["counts"], segment["drift"]
+
+
+def im_end(tokenizer: Tokenizer) -> int:
+    found = tokenizer.token_to_id("<|im_end|>")
+    assert found is not None
+    return int(found)
+
+
+def test_count_tokens_counts_a_prompt_past_the_context(start_proxy: ProxyFactory) -> None:
+    """The turn would be refused (400 context_length_exceeded); the count still says how long."""
+    body: Any = {"model": "m", "messages": [{"role": "user", "content": "word " * 100}]}
+    with start_proxy(context_length=64) as url:
+        counted = httpx.post(f"{url}/sessions/long/v1/messages/count_tokens", json=body, timeout=30)
+        refused = httpx.post(f"{url}/sessions/long/v1/messages", json={**body, "max_tokens": 4}, timeout=30)
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["input_tokens"] > 100
+    assert refused.status_code == 400, refused.text
