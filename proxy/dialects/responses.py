@@ -201,8 +201,10 @@ async def create_response(
 ) -> Response:
     body.check_supported()
     identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
-    session_id = _session(session, body)
-    if body.previous_response_id is None:
+    # A previous response names the session; else an SDK retry's is its original's.
+    if body.previous_response_id is not None:
+        session_id = _session(session, body)
+    else:
         session_id = await retried_session(state, session, identity)
     sealer = state.sealer
     messages = await _messages(state, session_id, body, sealer)
