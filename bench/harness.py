@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -139,3 +141,35 @@ def rss_mib(pid: int) -> float:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+class PairedRounds:
+    """The measured turns' times through the proxy and straight to the engine, side by side: the
+    k-th proxied time of a turn is paired with the k-th direct one, the call sent just before it.
+    On this shared host a stretch of slow machine slows both calls of a pair, so the added time is
+    the median of the pairs' differences, not the difference of the two medians."""
+
+    def __init__(self, measured: tuple[int, ...]) -> None:
+        self.via_proxy: dict[int, list[float]] = {t: [] for t in measured}
+        self.direct: dict[int, list[float]] = {t: [] for t in measured}
+        self.prompt_tokens: dict[int, int] = {}
+
+    def rows(self) -> dict[str, dict[str, Any]]:
+        """Per measured turn, in milliseconds: both sides' p50, the added p50 (the pairs' median
+        difference), the difference of the medians beside it, both sides' p99."""
+        rows = {}
+        for turn, seconds in self.via_proxy.items():
+            proxy_ms = [v * 1000 for v in seconds]
+            direct_ms = [v * 1000 for v in self.direct[turn]]
+            rows[str(turn)] = {
+                "prompt_tokens": self.prompt_tokens[turn],
+                "direct_p50_ms": round(statistics.median(direct_ms), 3),
+                "proxy_p50_ms": round(statistics.median(proxy_ms), 3),
+                "added_p50_ms": round(
+                    statistics.median(p - d for p, d in zip(proxy_ms, direct_ms, strict=True)), 3
+                ),
+                "median_difference_ms": round(statistics.median(proxy_ms) - statistics.median(direct_ms), 3),
+                "direct_p99_ms": round(percentile(direct_ms, 99), 3),
+                "proxy_p99_ms": round(percentile(proxy_ms, 99), 3),
+            }
+        return rows

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -29,21 +28,12 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.harness import TOOLS, percentile, running_stack, tool_result
+from bench.harness import TOOLS, PairedRounds, running_stack, tool_result
 
 RESULT_LINES = 21  # ~500 tokens per tool result: turn 64 carries ~32k tokens
 # Bodies are made before the clock starts, on both sides: httpx's own JSON of a 33k-id prompt takes
 # the client ~3 ms, a turn's messages ~0.4 ms, and that gap is the client's, not the proxy's.
 JSON = {"content-type": "application/json"}
-
-
-class _Rounds:
-    """The measured turns' times through the proxy and straight to the engine, side by side."""
-
-    def __init__(self, measured: tuple[int, ...]) -> None:
-        self.via_proxy: dict[int, list[float]] = {t: [] for t in measured}
-        self.direct: dict[int, list[float]] = {t: [] for t in measured}
-        self.prompt_tokens: dict[int, int] = {}
 
 
 def _direct(client: httpx.Client, engine_url: str, prompt_ids: list[int]) -> float:
@@ -65,7 +55,7 @@ def _session(
     name: str,
     *,
     turns: int,
-    rounds: _Rounds | None,
+    rounds: PairedRounds | None,
     previous: dict[int, list[int]],
 ) -> dict[int, list[int]]:
     """One tool conversation through the proxy; with `rounds`, each measured turn is timed, right
@@ -105,7 +95,7 @@ def _session(
 
 
 def measure(sessions: int, turns: int, measured: tuple[int, ...]) -> dict[str, Any]:
-    rounds = _Rounds(measured)
+    rounds = PairedRounds(measured)
     with tempfile.TemporaryDirectory() as work, running_stack(Path(work)) as stack:
         urls = (stack.engine_url, stack.proxy_url)
         with httpx.Client(timeout=60) as client:
@@ -114,24 +104,7 @@ def measure(sessions: int, turns: int, measured: tuple[int, ...]) -> dict[str, A
             )
             for session in range(sessions):
                 previous = _session(client, urls, str(session), turns=turns, rounds=rounds, previous=previous)
-    results: dict[str, Any] = {"sessions": sessions, "turns": {}}
-    for turn in measured:
-        proxy_ms = [v * 1000 for v in rounds.via_proxy[turn]]
-        direct_ms = [v * 1000 for v in rounds.direct[turn]]
-        results["turns"][str(turn)] = {
-            "prompt_tokens": rounds.prompt_tokens[turn],
-            "direct_p50_ms": round(statistics.median(direct_ms), 3),
-            "proxy_p50_ms": round(statistics.median(proxy_ms), 3),
-            # Each pair was measured back to back: the median of the pairs' differences, so that a
-            # stretch of slow host (both calls slower) cancels out instead of moving one median.
-            "added_p50_ms": round(
-                statistics.median(p - d for p, d in zip(proxy_ms, direct_ms, strict=True)), 3
-            ),
-            "median_difference_ms": round(statistics.median(proxy_ms) - statistics.median(direct_ms), 3),
-            "direct_p99_ms": round(percentile(direct_ms, 99), 3),
-            "proxy_p99_ms": round(percentile(proxy_ms, 99), 3),
-        }
-    return results
+    return {"sessions": sessions, "turns": rounds.rows()}
 
 
 def main() -> None:

@@ -60,11 +60,19 @@ async def run_watched(
 
 
 async def retried_session(state: AppState, session: tuple[str, bool], identity: RetryIdentity | None) -> str:
-    """The request's session; for an SDK retry that names none (the OpenAI SDK at /v1), the session
-    its original was recorded in, so that the retry is answered from the record, not sampled again."""
+    """The request's session; for an SDK retry that names none (the SDKs at /v1), its original's
+    session, so that the retry waits for it there (its retry lock) and is answered from its record
+    instead of being sampled again: an original still under way (in this process, else, by its
+    claim, in another), else the newest one recorded."""
     session_id, unnamed = session
     if not unnamed or identity is None or not identity.is_sdk_retry or identity.idempotency_key:
         return session_id
+    guard = state.retries
+    running = guard.running_session(identity.lock_name)
+    if running is None and guard.claims is not None:
+        running = await guard.claims.claimed_session(identity.lock_name)
+    if running is not None:
+        return running
     async with state.db_sessions() as db:
         since = utcnow() - SDK_RETRY_WINDOW
         return await Repository(db).session_of_request(identity.request_hash, since) or session_id

@@ -3,7 +3,8 @@
 A retry is recognised by its Idempotency-Key header, or, for the OpenAI SDKs (which send no key),
 by their retry-count header with a body identical to an earlier request of the same session.
 Requests sharing a retry identity run one at a time, so a retry that arrives while its original is
-still sampling waits for it instead of sampling a second branch.
+still sampling waits for it instead of sampling a second branch; a retry that names no session is
+first sent to its running original's session (proxy/api/answering.py, retried_session).
 """
 
 from __future__ import annotations
@@ -66,10 +67,18 @@ class RetryGuard:
         self.claims = claims
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._holders: dict[tuple[str, str], int] = {}
+        # Per identity name, the sessions whose lock on it is held or awaited, oldest first: where a
+        # retry that names no session finds its original while that is still sampling.
+        self._sessions: dict[str, dict[str, None]] = {}
 
     def held(self) -> int:
         """Identities with a request holding or awaiting their lock (the only ones kept)."""
         return len(self._locks)
+
+    def running_session(self, name: str) -> str | None:
+        """The session of the newest request of this identity under way in this process, if any."""
+        sessions = self._sessions.get(name)
+        return next(reversed(sessions)) if sessions else None
 
     @asynccontextmanager
     async def hold(self, session_id: str, identity: RetryIdentity | None) -> AsyncIterator[None]:
@@ -79,6 +88,7 @@ class RetryGuard:
         name = (session_id, identity.lock_name)
         lock = self._locks.setdefault(name, asyncio.Lock())
         self._holders[name] = self._holders.get(name, 0) + 1
+        self._sessions.setdefault(identity.lock_name, {})[session_id] = None
         acquired = False
         try:
             try:
@@ -100,6 +110,10 @@ class RetryGuard:
             if not self._holders[name]:
                 del self._holders[name]
                 del self._locks[name]
+                sessions = self._sessions[identity.lock_name]
+                del sessions[session_id]
+                if not sessions:
+                    del self._sessions[identity.lock_name]
 
 
 async def recorded_answer(repo: Repository, session_id: str, identity: RetryIdentity) -> list[CallRow] | None:

@@ -6,25 +6,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Coroutine
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from proxy.api.answering import retried_session
 from proxy.api.deps import SessionIdDep, StateDep
 from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import Shallow
-from proxy.app_state import AppState
 from proxy.dialects.anthropic_errors import error_body
 from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice, chat_tools
 from proxy.dialects.anthropic_output import MessageShape
 from proxy.dialects.anthropic_stream import message_events
 from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import answer_turn
-from proxy.errors import InvalidRequest, UnsupportedParameter
+from proxy.errors import ContextLengthExceeded, InvalidRequest, UnsupportedParameter
 from proxy.observe import context
 
 
@@ -186,10 +185,10 @@ class CountTokensRequest(BaseModel):
 async def create_message(
     body: MessagesRequest, state: StateDep, session: SessionIdDep, http_request: Request
 ) -> Response:
-    session_id, _ = session
     body.check_supported()
     sealer = state.sealer
     identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
+    session_id = await retried_session(state, session, identity)
     request = turn_request(
         state,
         dialect="anthropic",
@@ -225,16 +224,33 @@ async def create_message(
 
 
 @router.post("/messages/count_tokens")
-async def count_tokens(body: CountTokensRequest, state: StateDep) -> dict[str, Any]:
-    """The prompt's length as this proxy would render it, with the served tokenizer and template."""
-    return {"input_tokens": _rendered_length(state, body)}
-
-
-def _rendered_length(state: AppState, body: CountTokensRequest) -> int:
+async def count_tokens(body: CountTokensRequest, state: StateDep, session: SessionIdDep) -> dict[str, Any]:
+    """The length of the prompt this request would be sent as its session's next turn: planned by the
+    turn core (the session's pinned date, a continued recorded call's ids), nothing sampled."""
+    session_id, _ = session
     messages = anthropic_messages(body.system, body.messages, state.sealer)
+    tools = chat_tools(body.tools)
     kwargs = template_kwargs(body.thinking, body.output_config)
-    return len(
-        state.renderer.render_prompt(
-            messages, tools=chat_tools(body.tools) or None, template_kwargs=kwargs, now=datetime.now()
-        )
+    # tool_choice changes what may be sampled, not the prompt; sampling fields are not counted.
+    request = turn_request(
+        state,
+        dialect="anthropic",
+        messages=messages,
+        tools=tools,
+        tool_choice=None,
+        template_kwargs=kwargs,
+        max_tokens=None,
+        temperature=None,
+        top_p=None,
+        raw={},
+        identity=None,
     )
+    try:
+        return {"input_tokens": await state.turns.prompt_length(session_id, request)}
+    except ContextLengthExceeded:
+        # The turn would be refused; the count still says how long the prompt is.
+        now = await state.turns.template_now(session_id)
+        rendered = state.renderer.render_prompt(
+            messages, tools=tools or None, template_kwargs=kwargs, now=now
+        )
+        return {"input_tokens": len(rendered)}

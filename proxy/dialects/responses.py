@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from proxy.api.answering import retried_session
 from proxy.api.deps import SessionIdDep, StateDep, check_session_id
 from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
@@ -199,12 +200,16 @@ async def create_response(
     body: ResponsesRequest, state: StateDep, session: SessionIdDep, http_request: Request
 ) -> Response:
     body.check_supported()
-    session_id = _session(session, body)
+    identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
+    # A previous response names the session; else an SDK retry's is its original's.
+    if body.previous_response_id is not None:
+        session_id = _session(session, body)
+    else:
+        session_id = await retried_session(state, session, identity)
     sealer = state.sealer
     messages = await _messages(state, session_id, body, sealer)
     if not messages:
         raise InvalidRequest("input is empty", param="input")
-    identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
     request = turn_request(
         state,
         dialect="responses",

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
 from sqlalchemy.ext.asyncio import async_sessionmaker
@@ -46,6 +46,19 @@ class RetryClaims:
                 )
             )
         return False
+
+    async def claimed_session(self, name: str) -> str | None:
+        """The session of the newest claim on this identity name (a request under way in some
+        process), if any: where a retry that names no session finds its running original."""
+        query = (
+            select(RetryClaimRow.session_id)
+            .where(RetryClaimRow.name == name)
+            .order_by(RetryClaimRow.claimed_at.desc())
+            .limit(1)
+        )
+        async with self._db_sessions() as db:
+            found: str | None = await db.scalar(query)
+        return found
 
     @asynccontextmanager
     async def claim(self, session_id: str, name: str, wait_s: float) -> AsyncIterator[None]:

@@ -65,11 +65,7 @@ class TurnPlanner:
         """The prompt ids of the request and its sampling parameters, bounded by the context.
         `candidates`: the calls recorded under the request's history key (history_key), when the
         caller read them already; else they are read here."""
-        if request.prompt_ids is not None:
-            plan = await self._plan_tokens(session_id, request.prompt_ids)
-        else:
-            parent, appended = await self._find_parent(session_id, request, candidates)
-            plan = await self._plan_messages(request, parent, appended, template_now)
+        plan = await self.plan_prompt(session_id, request, template_now, candidates)
         params = bounded_sampling(request, len(plan.prompt), self.engine.limits, self.context_length)
         # One pass: a negative int32 id is past every vocabulary as a uint32.
         if len(plan.added) and int(plan.added.view(np.uint32).max()) >= self.renderer.vocab_size:
@@ -80,6 +76,20 @@ class TurnPlanner:
                 params, routed_experts=replace(params.routed_experts, start=_experts_start(plan))
             )
         return plan, params
+
+    async def plan_prompt(
+        self,
+        session_id: str,
+        request: TurnRequest,
+        template_now: datetime,
+        candidates: Sequence[ContinuedCall] | None = None,
+    ) -> PromptPlan:
+        """The prompt ids of the request alone: the continuation of the recorded call it extends,
+        else a fresh render. Reads the record, writes nothing."""
+        if request.prompt_ids is not None:
+            return await self._plan_tokens(session_id, request.prompt_ids)
+        parent, appended = await self._find_parent(session_id, request, candidates)
+        return await self._plan_messages(request, parent, appended, template_now)
 
     async def _plan_tokens(self, session_id: str, prompt_ids: list[int]) -> PromptPlan:
         """A token prompt continues the newest recorded call whose prompt + output it starts with."""

@@ -22,7 +22,7 @@ from proxy.errors import ClientClosedRequest, EngineError, SessionFinished
 from proxy.ids import random_hex
 from proxy.observe.metrics import Metrics
 from proxy.store.prompts import ContextCache
-from proxy.store.turn_store import ContinuedCall, TurnStore
+from proxy.store.turn_store import ContinuedCall, SessionState, TurnStore
 from proxy.turns.answer_text import AnswerText
 from proxy.turns.planning import TurnPlanner
 from proxy.turns.recording import TurnRecorder
@@ -103,18 +103,10 @@ class TurnRunner:
     async def prepare(self, session_id: str, request: TurnRequest) -> PreparedTurn:
         """Everything before the engine call: the session, the prompt ids, bounded sampling."""
         started = self._clock()
-        history = self.planner.history_key(request)
-        candidates: list[ContinuedCall] | None = None
-        if history is None:
-            session, trainer_version = await self.store.turn_start(session_id)
-        else:  # both reads in one statement
-            session, trainer_version, candidates = await self.store.turn_start_with_history(
-                session_id, history[1]
-            )
+        session, trainer_version, candidates = await self._start(session_id, request)
         if session is not None and session.status == "finished":
             raise SessionFinished(f"session {session_id!r} is finished; start a new one", param="session_id")
-        # A new session pins the date it is first rendered with; it is created with its first call.
-        template_now = session.template_now if session is not None else datetime.now()
+        template_now = render_date(session)
         plan, params = await self.planner.plan(session_id, request, template_now, candidates)
         return PreparedTurn(
             session_id=session_id,
@@ -129,6 +121,30 @@ class TurnRunner:
             reasoning_open=self.answers.reasoning_open(plan.prompt),
             parser=self.parser_for(request),
         )
+
+    async def _start(
+        self, session_id: str, request: TurnRequest
+    ) -> tuple[SessionState | None, str | None, list[ContinuedCall] | None]:
+        """The session's state, the trainer-set weight version and, for a request that echoes a
+        history, the calls recorded under it (both reads in one statement)."""
+        history = self.planner.history_key(request)
+        if history is None:
+            session, trainer_version = await self.store.turn_start(session_id)
+            return session, trainer_version, None
+        return await self.store.turn_start_with_history(session_id, history[1])
+
+    async def prompt_length(self, session_id: str, request: TurnRequest) -> int:
+        """The length of the prompt `request` would be sent as the session's next turn: planned as
+        that turn plans it (the session's pinned date, the recorded call it continues), nothing
+        sampled nor recorded."""
+        session, _, candidates = await self._start(session_id, request)
+        plan = await self.planner.plan_prompt(session_id, request, render_date(session), candidates)
+        return len(plan.prompt)
+
+    async def template_now(self, session_id: str) -> datetime:
+        """The date the session's next turn renders with: what a render outside a turn must use,
+        so that it gives the prompt that turn sends."""
+        return render_date(await self.store.session_state(session_id))
 
     def parser_for(self, request: TurnRequest) -> OutputParser:
         return self.answers.parser_for(request)
@@ -211,6 +227,12 @@ class TurnRunner:
         self, generation: Generation, *, reasoning_open: bool = False, parser: OutputParser | None = None
     ) -> ParsedOutput:
         return self.answers.parse(generation, reasoning_open=reasoning_open, parser=parser)
+
+
+def render_date(session: SessionState | None) -> datetime:
+    """The date a session's templates print: pinned when it was first rendered (or created by POST
+    /sessions), so that a later turn extends its prompt; a session not yet recorded renders today's."""
+    return session.template_now if session is not None else datetime.now()
 
 
 async def _either(first: asyncio.Future[Any], second: asyncio.Future[Any]) -> None:

@@ -3,6 +3,9 @@ plain and streamed, one exact segment (I1-I6); signatures we did not issue; erro
 
 from __future__ import annotations
 
+import json
+import sqlite3
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ from proxy.app import create_app
 from proxy.chat.renderer import Renderer
 from proxy.chat.tokenizer import load_tokenizer_files
 from proxy.config import Settings
+from tests.conftest import ProxyFactory
 from tests.e2e.test_responses import call_text, push
 from tests.fakes.sglang import FakeSGLang
 from tests.families import FAMILIES, build_tokenizer_dir
@@ -196,3 +200,92 @@ def test_count_tokens_counts_what_messages_renders_with_every_template_field(tmp
                 assert sent.status_code == 200, sent.text
                 assert counted.json()["input_tokens"] == len(engine.requests[-1]["input_ids"]), extra
     assert not engine.crashed
+
+
+# Qwen3's template with a line in front that prints the date as "March 3, 2021": its day has one
+# digit or two, so the number of its tokens changes with the day (Qwen's vocabulary splits digits;
+# the real templates print the day with two digits, as long on every day).
+_DATE_LINE = (
+    "<|im_start|>system\nToday is {{ strftime_now('%B') }} {{ strftime_now('%d') | int }}, "
+    "{{ strftime_now('%Y') }}.<|im_end|>\n"
+)
+
+
+def _date_text(day: datetime) -> str:
+    return f"{day:%B} {day.day}, {day:%Y}"
+
+
+def _a_day_counted_otherwise(tokenizer: Tokenizer) -> datetime:
+    """A day whose date line has another number of tokens than today's: counted with today's date,
+    its prompt would have another length than the one its turn sends."""
+
+    def length(day: datetime) -> int:
+        return len(tokenizer.encode(_date_text(day)).ids)
+
+    today = length(datetime.now())
+    return next(day for day in (datetime(2021, 3, 3, 10), datetime(2021, 3, 23, 10)) if length(day) != today)
+
+
+def test_count_tokens_in_a_session_renders_the_sessions_pinned_date(
+    start_proxy: ProxyFactory, engine: FakeSGLang, qwen_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    directory = build_tokenizer_dir(FAMILIES["qwen3"], tmp_path / "dated")
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config["chat_template"] = _DATE_LINE + config["chat_template"]
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    pinned = _a_day_counted_otherwise(qwen_tokenizer)
+    db = tmp_path / "dated.db"
+    body: Any = {"model": "m", "system": "Be brief.", "messages": [{"role": "user", "content": "date?"}]}
+    engine.push(
+        [*qwen_tokenizer.encode("<think>\nplan\n</think>\n\nIt is today.").ids, im_end(qwen_tokenizer)]
+    )
+    with start_proxy(tokenizer=directory, db=db) as url:
+        # A session whose date was pinned another day (as by a turn it ran then), without calls yet.
+        with sqlite3.connect(db) as connection:
+            connection.execute(
+                "insert into sessions (id, status, created_at, updated_at, template_now) values "
+                "('dated', 'active', ?, ?, ?)",
+                (str(pinned), str(pinned), str(pinned)),
+            )
+        by_path = httpx.post(f"{url}/sessions/dated/v1/messages/count_tokens", json=body, timeout=30)
+        by_header = httpx.post(
+            f"{url}/v1/messages/count_tokens", json=body, headers={"x-session-id": "dated"}, timeout=30
+        )
+        sent = httpx.post(f"{url}/sessions/dated/v1/messages", json={**body, "max_tokens": 64}, timeout=30)
+        assert sent.status_code == 200, sent.text
+        [segment] = segments(url, "dated")
+        # The next turn continues the recorded one (its sampled reasoning kept, which a fresh render
+        # of Qwen3's would drop): counted as that turn is sent.
+        body["messages"] += [
+            {"role": "assistant", "content": sent.json()["content"]},
+            {"role": "user", "content": "and tomorrow?"},
+        ]
+        counted = httpx.post(f"{url}/sessions/dated/v1/messages/count_tokens", json=body, timeout=30)
+        again = httpx.post(f"{url}/sessions/dated/v1/messages", json={**body, "max_tokens": 8}, timeout=30)
+        assert again.status_code == 200, again.text
+        assert [s["num_calls"] for s in segments(url, "dated")] == [2]
+    assert counted.json()["input_tokens"] == len(engine.requests[-1]["input_ids"])
+    prompt = engine.requests[0]["input_ids"]
+    assert _date_text(pinned) in qwen_tokenizer.decode(prompt, skip_special_tokens=False)
+    assert by_path.status_code == by_header.status_code == 200, (by_path.text, by_header.text)
+    assert by_path.json()["input_tokens"] == by_header.json()["input_tokens"] == len(prompt)
+    assert len(segment["prompt_ids"]) == len(prompt) == sent.json()["usage"]["input_tokens"]
+    # The export's fresh render, too, prints the session's date and not today's.
+    assert "date_changed" not in segment["drift"]["counts"], segment["drift"]
+
+
+def im_end(tokenizer: Tokenizer) -> int:
+    found = tokenizer.token_to_id("<|im_end|>")
+    assert found is not None
+    return int(found)
+
+
+def test_count_tokens_counts_a_prompt_past_the_context(start_proxy: ProxyFactory) -> None:
+    """The turn would be refused (400 context_length_exceeded); the count still says how long."""
+    body: Any = {"model": "m", "messages": [{"role": "user", "content": "word " * 100}]}
+    with start_proxy(context_length=64) as url:
+        counted = httpx.post(f"{url}/sessions/long/v1/messages/count_tokens", json=body, timeout=30)
+        refused = httpx.post(f"{url}/sessions/long/v1/messages", json={**body, "max_tokens": 4}, timeout=30)
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["input_tokens"] > 100
+    assert refused.status_code == 400, refused.text

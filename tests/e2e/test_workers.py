@@ -121,6 +121,60 @@ def test_concurrent_duplicates_on_two_workers_are_answered_once(
     assert len([line for line in steps if orjson.loads(line)["session_id"] == session]) == 1
 
 
+async def _sessionless_race(
+    url: str, body: dict[str, Any], engine: FakeSGLang, retries: int
+) -> list[httpx.Response]:
+    """An SDK's original at /v1 (no session) and, while it samples, `retries` copies of its retry,
+    each on its own connection: the original first, then the retries."""
+
+    async def send(count: str) -> httpx.Response:
+        async with httpx.AsyncClient(timeout=60) as client:
+            headers = {"x-stainless-retry-count": count}
+            return await client.post(f"{url}/v1/chat/completions", json=body, headers=headers)
+
+    original = asyncio.ensure_future(send("0"))
+    for _ in range(2000):  # the engine serves from another thread: polled, up to 20 s
+        if engine.requests:
+            break
+        await asyncio.sleep(0.01)
+    copies = await asyncio.gather(*(send("1") for _ in range(retries)))
+    return [await original, *copies]
+
+
+def test_sessionless_sdk_retries_on_either_worker_wait_for_their_running_original(
+    database_url: str, engine: FakeSGLang, qwen_dir: Path, qwen_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """A retry that names no session finds its original's session by the original's retry claim
+    while it samples (nothing is recorded yet), on whichever worker it lands, and waits for it."""
+    env = {"TITO_DB": database_url, "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
+    engine.fault, engine.hang_s = "hang", 1.0
+    im_end = token_id(qwen_tokenizer, "<|im_end|>")
+    with spawn_proxy(["--tokenizer", str(qwen_dir), "--workers", "2"], env, tmp_path / "serve.log") as (
+        _,
+        url,
+    ):
+        _wait_for_two_workers(url)
+        for round_ in range(10):  # until the copies land on both workers
+            engine.requests.clear()
+            engine.push([*qwen_tokenizer.encode("only once", add_special_tokens=False).ids, im_end])
+            body = {
+                "model": "m",
+                "messages": [{"role": "user", "content": f"race {round_}"}],
+                "max_tokens": 8,
+            }
+            original, *retries = asyncio.run(_sessionless_race(url, body, engine, 6))
+            assert all(r.status_code == 200 for r in [original, *retries]), [r.text for r in retries]
+            assert len(engine.requests) == 1
+            assert {r.headers.get("x-tito-replayed") for r in retries} == {"true"}
+            assert {r.headers["x-session-id"] for r in retries} == {original.headers["x-session-id"]}
+            assert {r.json()["id"] for r in retries} == {original.json()["id"]}
+            if len({r.headers["x-tito-worker"] for r in [original, *retries]}) == 2:
+                break
+        assert len({r.headers["x-tito-worker"] for r in [original, *retries]}) == 2, "one worker took all"
+        calls = httpx.get(f"{url}/sessions/{original.headers['x-session-id']}").json()["calls_by_status"]
+    assert calls == {"ok": 1}
+
+
 def _on_every_worker(url: str, request: Any) -> dict[str, httpx.Response]:
     """`request()` on new connections until both workers have answered it: worker -> its answer."""
     answers: dict[str, httpx.Response] = {}

@@ -112,6 +112,7 @@ def test_retry_locks_are_released_when_their_requests_end() -> None:
         waiter = asyncio.create_task(hold(1))  # the same identity: waits for the holder
         await asyncio.sleep(0.05)
         assert guard.held() == 1
+        assert guard.running_session(identity(1).lock_name) == "s1"  # where a sessionless retry waits
         waiter.cancel()  # a client that went away while waiting
         release.set()
         await holder
@@ -120,3 +121,4 @@ def test_retry_locks_are_released_when_their_requests_end() -> None:
 
     asyncio.run(main())
     assert guard.held() == 0
+    assert all(guard.running_session(identity(n).lock_name) is None for n in range(7))
