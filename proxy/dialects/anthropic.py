@@ -19,9 +19,10 @@ from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import Shallow
 from proxy.app_state import AppState
 from proxy.dialects.anthropic_errors import error_body
-from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice, chat_tools
+from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice
 from proxy.dialects.anthropic_output import MessageShape
 from proxy.dialects.anthropic_stream import message_events
+from proxy.dialects.anthropic_tools import AnthropicTools
 from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import answer_turn
 from proxy.errors import InvalidRequest, UnsupportedParameter
@@ -190,12 +191,15 @@ async def create_message(
     body.check_supported()
     sealer = state.sealer
     identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
+    tools = AnthropicTools.of(body.tools)
+    messages = anthropic_messages(body.system, body.messages, sealer, tools)
     request = turn_request(
         state,
         dialect="anthropic",
-        messages=anthropic_messages(body.system, body.messages, sealer),
-        tools=chat_tools(body.tools),
+        messages=messages,
+        tools=tools.declared,
         tool_choice=chat_tool_choice(body.tool_choice),
+        callable_tools=tools.callable(),
         template_kwargs=body.template_kwargs(),
         max_tokens=body.max_tokens,
         temperature=body.temperature,
@@ -231,10 +235,11 @@ async def count_tokens(body: CountTokensRequest, state: StateDep) -> dict[str, A
 
 
 def _rendered_length(state: AppState, body: CountTokensRequest) -> int:
-    messages = anthropic_messages(body.system, body.messages, state.sealer)
+    tools = AnthropicTools.of(body.tools)
+    messages = anthropic_messages(body.system, body.messages, state.sealer, tools)
     kwargs = template_kwargs(body.thinking, body.output_config)
     return len(
         state.renderer.render_prompt(
-            messages, tools=chat_tools(body.tools) or None, template_kwargs=kwargs, now=datetime.now()
+            messages, tools=tools.declared or None, template_kwargs=kwargs, now=datetime.now()
         )
     )
