@@ -4,13 +4,24 @@ configuration that runs each offline against a local proxy (../shared/docs/agent
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
 # The versions the tests pin; both packages ship their native binaries.
-PACKAGES = {"codex": "@openai/codex@0.169.0", "claude": "@anthropic-ai/claude-code@2.1.197"}
+PACKAGES = {"codex": "@openai/codex@0.169.0", "claude": "@anthropic-ai/claude-code@2.1.331"}
+# An exact version in these variables replaces the pin, to run the tests against a newer CLI
+# (with TITO_AGENT_CLIS_DIR pointing at a prefix of its own, so the pinned install stays cached).
+VERSION_VARIABLES = {"codex": "TITO_CODEX_VERSION", "claude": "TITO_CLAUDE_CODE_VERSION"}
+
+
+def package(name: str) -> str:
+    """The npm package spec to install: the pin, or the version its variable names."""
+    pinned = PACKAGES[name]
+    version = os.environ.get(VERSION_VARIABLES[name])
+    return f"{pinned.rsplit('@', 1)[0]}@{version}" if version else pinned
 
 
 def cli_prefix() -> Path:
@@ -29,23 +40,39 @@ def installed(name: str) -> Path:
         return _install(name, prefix)
 
 
+def _installed_version(prefix: Path, package_name: str) -> str | None:
+    try:
+        manifest = json.loads((prefix / "node_modules" / package_name / "package.json").read_text())
+    except (OSError, ValueError):
+        return None
+    version = manifest.get("version") if isinstance(manifest, dict) else None
+    return version if isinstance(version, str) else None
+
+
 def _install(name: str, prefix: Path) -> Path:
+    spec = package(name)
+    package_name, version = spec.rsplit("@", 1)
     binary = prefix / "node_modules" / ".bin" / name
-    marker = prefix / f".installed-{PACKAGES[name].rsplit('@', 1)[1]}"
-    if binary.exists() and marker.exists():
+    marker = prefix / f".installed-{version}"  # the install of that version finished
+    # The package's own manifest too: a checkout whose code predates the stale-marker removal below
+    # may have installed another version into the same prefix.
+    if binary.exists() and marker.exists() and _installed_version(prefix, package_name) == version:
         return binary
+    # The install replaces whatever version the prefix held: its marker must not claim it still does.
+    for stale in prefix.glob(".installed-*"):
+        stale.unlink()
     npm = shutil.which("npm")
     if npm is None or shutil.which("node") is None:
         raise RuntimeError("npm and node are not installed (apt-get install nodejs npm)")
     done = subprocess.run(
-        [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", PACKAGES[name]],
+        [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", spec],
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
     )
     if done.returncode != 0 or not binary.exists():
-        raise RuntimeError(f"npm install {PACKAGES[name]} failed: {done.stderr[-2000:]}")
+        raise RuntimeError(f"npm install {spec} failed: {done.stderr[-2000:]}")
     marker.touch()
     return binary
 

@@ -18,9 +18,10 @@ from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import Shallow
 from proxy.dialects.anthropic_errors import error_body
-from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice, chat_tools
+from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice
 from proxy.dialects.anthropic_output import MessageShape
 from proxy.dialects.anthropic_stream import message_events
+from proxy.dialects.anthropic_tools import AnthropicTools
 from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import answer_turn
 from proxy.errors import ContextLengthExceeded, InvalidRequest, UnsupportedParameter
@@ -189,12 +190,15 @@ async def create_message(
     sealer = state.sealer
     identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
     session_id = await retried_session(state, session, identity)
+    tools = AnthropicTools.of(body.tools)
+    messages = anthropic_messages(body.system, body.messages, sealer, tools)
     request = turn_request(
         state,
         dialect="anthropic",
-        messages=anthropic_messages(body.system, body.messages, sealer),
-        tools=chat_tools(body.tools),
+        messages=messages,
+        tools=tools.declared,
         tool_choice=chat_tool_choice(body.tool_choice),
+        callable_tools=tools.callable(),
         template_kwargs=body.template_kwargs(),
         max_tokens=body.max_tokens,
         temperature=body.temperature,
@@ -228,15 +232,15 @@ async def count_tokens(body: CountTokensRequest, state: StateDep, session: Sessi
     """The length of the prompt this request would be sent as its session's next turn: planned by the
     turn core (the session's pinned date, a continued recorded call's ids), nothing sampled."""
     session_id, _ = session
-    messages = anthropic_messages(body.system, body.messages, state.sealer)
-    tools = chat_tools(body.tools)
+    tools = AnthropicTools.of(body.tools)
+    messages = anthropic_messages(body.system, body.messages, state.sealer, tools)
     kwargs = template_kwargs(body.thinking, body.output_config)
     # tool_choice changes what may be sampled, not the prompt; sampling fields are not counted.
     request = turn_request(
         state,
         dialect="anthropic",
         messages=messages,
-        tools=tools,
+        tools=tools.declared,
         tool_choice=None,
         template_kwargs=kwargs,
         max_tokens=None,
@@ -251,6 +255,6 @@ async def count_tokens(body: CountTokensRequest, state: StateDep, session: Sessi
         # The turn would be refused; the count still says how long the prompt is.
         now = await state.turns.template_now(session_id)
         rendered = state.renderer.render_prompt(
-            messages, tools=tools or None, template_kwargs=kwargs, now=now
+            messages, tools=tools.declared or None, template_kwargs=kwargs, now=now
         )
         return {"input_tokens": len(rendered)}

@@ -2,7 +2,8 @@
 
 An assistant turn's blocks (thinking, text, tool_use) are one assistant message; a user turn's
 tool_result blocks are tool messages, its text a user message. A thinking block continues the
-segment only when its signature is one we issued for that text; any other is an edit.
+segment only when its signature is one we issued for that text; any other is an edit. A tool
+result's tool_reference blocks load deferred tools (proxy/dialects/anthropic_tools.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 from typing import Any
 
 from proxy.chat.messages import UNVERIFIED_REASONING, Message
+from proxy.dialects.anthropic_tools import AnthropicTools
 from proxy.dialects.seals import Sealer
 from proxy.errors import InvalidRequest, UnsupportedParameter
 
@@ -96,7 +98,26 @@ def _assistant(content: Any, sealer: Sealer, param: str) -> Message:
     return message
 
 
-def _user(content: Any, param: str) -> list[Message]:
+def _result_text(content: Any, tools: AnthropicTools, param: str) -> str:
+    """A tool result's text; a run of tool_reference blocks is the definitions of the tools it loads."""
+    if not isinstance(content, list):
+        return "" if content is None else blocks_text(content, param)
+    parts: list[str] = []
+    names: list[str] = []
+    for block in content:
+        if _block_type(block) == "tool_reference":
+            names.append(tools.reference(block, param))
+            continue
+        if names:
+            parts.append(tools.definitions(names))
+            names = []
+        parts.append(blocks_text([block], param))
+    if names:
+        parts.append(tools.definitions(names))
+    return "\n".join(parts)
+
+
+def _user(content: Any, tools: AnthropicTools, param: str) -> list[Message]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     found: list[Message] = []
@@ -104,8 +125,7 @@ def _user(content: Any, param: str) -> list[Message]:
     for block in _blocks(content, param):
         kind = _block_type(block)
         if kind == "tool_result":
-            result = block.get("content")
-            text = "" if result is None else blocks_text(result, param)
+            text = _result_text(block.get("content"), tools, param)
             call_id = _string(block, "tool_use_id", param)
             found.append({"role": "tool", "tool_call_id": call_id, "content": text})
         elif kind == "text":
@@ -117,8 +137,12 @@ def _user(content: Any, param: str) -> list[Message]:
     return found
 
 
-def anthropic_messages(system: Any, messages: list[dict[str, Any]], sealer: Sealer) -> list[Message]:
-    """The conversation of a Messages request: system first, then every turn."""
+def anthropic_messages(
+    system: Any, messages: list[dict[str, Any]], sealer: Sealer, tools: AnthropicTools | None = None
+) -> list[Message]:
+    """The conversation of a Messages request: system first, then every turn; the deferred tools its
+    tool results load are marked loaded in `tools`."""
+    tools = AnthropicTools.of(None) if tools is None else tools
     found: list[Message] = []
     if system:
         found.append({"role": "system", "content": blocks_text(system, "system")})
@@ -128,34 +152,12 @@ def anthropic_messages(system: Any, messages: list[dict[str, Any]], sealer: Seal
         if role == "assistant":
             found.append(_assistant(message.get("content"), sealer, param))
         elif role == "user":
-            found.extend(_user(message.get("content"), param))
+            found.extend(_user(message.get("content"), tools, param))
         elif role == "system":
             # Claude Code puts system messages mid-conversation, as blocks or as a string.
             found.append({"role": "system", "content": blocks_text(message.get("content"), param)})
         else:
             raise InvalidRequest(f"unknown role {role!r}", param=f"messages[{index}].role")
-    return found
-
-
-def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    found = []
-    for index, tool in enumerate(tools or []):
-        param = f"tools[{index}]"
-        if tool.get("type") not in (None, "custom"):
-            raise UnsupportedParameter(
-                f"tools of type {tool.get('type')!r} are not supported (custom tools with an input_schema)",
-                param=param,
-            )
-        name, schema = tool.get("name"), tool.get("input_schema")
-        if not isinstance(name, str) or not name:
-            raise InvalidRequest("a tool needs a name", param=f"{param}.name")
-        if schema is not None and not isinstance(schema, dict):
-            raise InvalidRequest("a tool's input_schema must be an object", param=f"{param}.input_schema")
-        function: dict[str, Any] = {"name": name}
-        if tool.get("description") is not None:
-            function["description"] = tool["description"]
-        function["parameters"] = schema or {"type": "object", "properties": {}}
-        found.append({"type": "function", "function": function})
     return found
 
 

@@ -180,6 +180,13 @@ def _function(tool: Any, *, prefix: str, param: str) -> dict[str, Any]:
         raise InvalidRequest("a function tool needs a name", param=f"{param}.name")
     if not isinstance(tool.get("parameters") or {}, dict):
         raise InvalidRequest("a function tool's parameters must be an object", param=f"{param}.parameters")
+    if tool.get("defer_loading"):
+        # A deferred tool is loaded by a tool_search tool, a type this proxy refuses: rendered, it
+        # would be in a prompt it is not in at OpenAI; left out, it could never be called.
+        raise UnsupportedParameter(
+            "deferred tools (defer_loading) need tool search, which is not supported",
+            param=f"{param}.defer_loading",
+        )
     function: dict[str, Any] = {"name": prefix + tool["name"]}
     if tool.get("description") is not None:
         function["description"] = tool["description"]

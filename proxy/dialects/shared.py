@@ -60,8 +60,11 @@ def turn_request(
     response_format: dict[str, Any] | None = None,
     raw: dict[str, Any],
     identity: RetryIdentity | None,
+    callable_tools: list[dict[str, Any]] | None = None,
 ) -> TurnRequest:
-    """The turn core's request; `tools` and `tool_choice` in chat's shape."""
+    """The turn core's request; `tools` and `tool_choice` in chat's shape. A forced call may name
+    any of `callable_tools` (default `tools`): Anthropic's loaded deferred tools are callable without
+    being in the prompt's tool list."""
     sampling = SamplingParams(
         max_new_tokens=max_tokens,
         temperature=1.0 if temperature is None else temperature,
@@ -69,7 +72,9 @@ def turn_request(
         top_k=-1 if top_k is None or top_k == 0 else top_k,
         stop=stop,
         stop_token_ids=state.renderer.stop_token_ids,
-        constraint=sampling_constraint(state, tool_choice, response_format, tools),
+        constraint=sampling_constraint(
+            state, tool_choice, response_format, tools if callable_tools is None else callable_tools
+        ),
     )
     return TurnRequest(
         messages=messages,

@@ -29,10 +29,10 @@ FINAL = "The file is written. done"
 
 
 class TaskEngine(FakeSGLang):
-    """Samples the tool call for the task's first turn and the final answer once a tool result is
-    in; anything else the CLI asks (titles, side questions) gets a short text."""
+    """Samples the task's tool calls one per turn, each once the previous one's result is in, then
+    the final answer; anything else the CLI asks (titles, side questions) gets a short text."""
 
-    call: str = ""
+    calls: list[str]
     outputs: list[tuple[dict[str, Any], ScriptedOutput]]
 
     async def generate(self, request: Request) -> Response:
@@ -40,14 +40,15 @@ class TaskEngine(FakeSGLang):
         text = self.tokenizer.decode(body.get("input_ids") or [], skip_special_tokens=False)
         last_user = text.rsplit("<|im_start|>user", 1)[-1]
         im_end = token_id(self.tokenizer, "<|im_end|>")
+        done = text.rsplit(TASK, 1)[-1].count("<tool_response>")
         if _side_request(last_user):
             reply = '{"title": "Write out.txt"}'
-        elif "<tool_response>" in last_user:
-            reply = "<think>\nThe tool ran.\n</think>\n\n" + FINAL
-        elif TASK in last_user:
-            reply = "<think>\nI will write the file.\n</think>\n\n" + self.call
-        else:
+        elif TASK not in text:
             reply = "ok"
+        elif done < len(self.calls):
+            reply = "<think>\nI will call a tool.\n</think>\n\n" + self.calls[done]
+        else:
+            reply = "<think>\nThe tool ran.\n</think>\n\n" + FINAL
         scripted = self.push([*self.tokenizer.encode(reply).ids, im_end])
         self.outputs.append((body, scripted))
         return await super().generate(request)
@@ -67,6 +68,7 @@ def engine(qwen_tokenizer: Tokenizer) -> Iterator[FakeSGLang]:
         context_length=131072,
     )
     fake.outputs = []
+    fake.calls = []
     with serve(fake.app()) as url:
         fake.url = url  # type: ignore[attr-defined]
         yield fake
@@ -80,17 +82,18 @@ def _binary(name: str) -> Path:
 
 
 def _task_segment(url: str, session: str, engine: TaskEngine) -> None:
-    """The task's calls form one segment, exact token for token; a side request (a title) is a
-    segment of its own."""
+    """The task's calls (one per tool call, then the answer) form one segment, exact token for
+    token; a side request (a title) is a segment of its own."""
     found = segments(url, session)
     side = [
         _side_request(engine.tokenizer.decode(body["input_ids"], skip_special_tokens=False))
         for body, _ in engine.outputs
     ]
     task_calls = [call for call, is_side in zip(engine.outputs, side, strict=True) if not is_side]
-    assert len(task_calls) == 2, [engine.tokenizer.decode(o.ids) for _, o in engine.outputs]
-    assert sorted(s["num_calls"] for s in found) == [1] * sum(side) + [2]
-    [segment] = [s for s in found if s["num_calls"] == 2]
+    steps = len(engine.calls) + 1
+    assert len(task_calls) == steps, [engine.tokenizer.decode(o.ids) for _, o in engine.outputs]
+    assert sorted(s["num_calls"] for s in found) == [1] * sum(side) + [steps]
+    [segment] = [s for s in found if s["num_calls"] == steps]
     assert_invariants(segment, [b for b, _ in task_calls], [o for _, o in task_calls])
 
 
@@ -122,7 +125,7 @@ def test_codex_cli_runs_a_tool_task_as_one_segment(
     start_proxy: ProxyFactory, engine: TaskEngine, tmp_path: Path, defaults: bool
 ) -> None:
     codex = _binary("codex")
-    engine.call = call_text("exec_command", {"cmd": "printf tito > out.txt"})
+    engine.calls = [call_text("exec_command", {"cmd": "printf tito > out.txt"})]
     work = tmp_path / "work"
     work.mkdir()
     with start_proxy() as url:
@@ -151,7 +154,7 @@ def test_claude_code_runs_a_tool_task_as_one_segment(
     start_proxy: ProxyFactory, engine: TaskEngine, tmp_path: Path, defaults: bool
 ) -> None:
     claude = _binary("claude")
-    engine.call = call_text("Bash", {"command": "printf tito > out.txt", "description": "Write the file"})
+    engine.calls = [call_text("Bash", {"command": "printf tito > out.txt", "description": "Write the file"})]
     work = tmp_path / "work"
     work.mkdir()
     with start_proxy() as url:
@@ -176,3 +179,38 @@ def test_claude_code_runs_a_tool_task_as_one_segment(
         assert results[-1].get("result") == FINAL, done.stdout[-4000:]
         _task_segment(url, "claude", engine)
     _recorded_tool_types(tmp_path / "proxy.db", "anthropic")
+
+
+@pytest.mark.parametrize("defaults", [False, True], ids=["outside-traffic-off", "default-features"])
+def test_claude_code_loads_a_deferred_tool_with_its_tool_search(
+    start_proxy: ProxyFactory, engine: TaskEngine, tmp_path: Path, defaults: bool
+) -> None:
+    """Claude Code declares most of its tools deferred (`defer_loading`) and loads one with its
+    ToolSearch tool, whose result holds `tool_reference` blocks: the loaded tool's definition enters
+    the prompt there, and the search, the call and the answer are one segment (a refused reference
+    would make Claude Code declare every tool in full instead, which opens a new segment)."""
+    claude = _binary("claude")
+    engine.calls = [
+        call_text("ToolSearch", {"query": "select:CronList", "max_results": 5}),
+        call_text("CronList", {}),
+    ]
+    work = tmp_path / "work"
+    work.mkdir()
+    with start_proxy() as url:
+        env = agent_clis.claude_env(tmp_path, f"{url}/sessions/claude", defaults=defaults)
+        done = _run(
+            [str(claude), "-p", TASK, "--dangerously-skip-permissions", "--model", "m"],
+            env,
+            work,
+        )
+        assert FINAL in done.stdout
+        _task_segment(url, "claude", engine)
+    prompts = [
+        engine.tokenizer.decode(body["input_ids"], skip_special_tokens=False)
+        for body, _ in engine.outputs
+        if not _side_request(engine.tokenizer.decode(body["input_ids"], skip_special_tokens=False))
+    ]
+    assert '"name": "CronList"' not in prompts[0]
+    loaded = prompts[1].rsplit("<tool_response>", 1)[-1]
+    assert loaded.startswith('\n<functions>\n<function>{"description": ')
+    assert '"name": "CronList"' in loaded

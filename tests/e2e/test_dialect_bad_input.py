@@ -68,6 +68,35 @@ BAD_MESSAGES: list[tuple[str, dict[str, Any]]] = [
     ("output effort a number", {"output_config": {"effort": 7}}),
     ("context edits not a list", {"context_management": {"edits": "x"}}),
     ("context edit not an object", {"context_management": {"edits": [5]}}),
+    ("defer_loading a string", {"tools": [{"name": "f", "defer_loading": "yes"}]}),
+    (
+        "tool_reference naming no tool",
+        {
+            "tools": [{"name": "f"}, {"name": "g", "defer_loading": True}],
+            "messages": _turns(
+                {"type": "tool_use", "id": "t1", "name": "f", "input": {}},
+                result=[
+                    {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "tool_reference"}]}
+                ],
+            ),
+        },
+    ),
+    (
+        "tool_reference to a tool not sent",
+        {
+            "tools": [{"name": "f"}],
+            "messages": _turns(
+                {"type": "tool_use", "id": "t1", "name": "f", "input": {}},
+                result=[
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": [{"type": "tool_reference", "tool_name": "g"}],
+                    }
+                ],
+            ),
+        },
+    ),
 ]
 
 
@@ -117,6 +146,11 @@ BAD_RESPONSES: list[tuple[str, dict[str, Any], str]] = [
         "input[1].call_id",
     ),
     ("reasoning effort a number", {"reasoning": {"effort": 5}}, "reasoning.effort"),
+    (
+        "a deferred function (no tool search here)",
+        {"tools": [{"type": "function", "name": "f", "parameters": {}, "defer_loading": True}]},
+        "tools[0].defer_loading",
+    ),
 ]
 
 

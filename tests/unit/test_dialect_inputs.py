@@ -9,10 +9,11 @@ from pydantic import SecretStr
 
 from proxy.chat.messages import UNVERIFIED_REASONING, reasoning_consistent
 from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice
+from proxy.dialects.anthropic_tools import AnthropicTools
 from proxy.dialects.responses import session_of
 from proxy.dialects.responses_input import chat_tools, input_messages
 from proxy.dialects.seals import Sealer
-from proxy.errors import NotFound, UnsupportedParameter
+from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
 
 SEALER = Sealer(SecretStr("deployment secret"))
 
@@ -136,6 +137,38 @@ def test_redacted_or_foreign_thinking_is_an_edit() -> None:
             None, [{"role": "user", "content": "Go"}, {"role": "assistant", "content": [block]}], SEALER
         )
         assert turn[UNVERIFIED_REASONING]
+
+
+def test_deferred_tools_are_callable_once_a_tool_reference_loads_them() -> None:
+    tools = AnthropicTools.of(
+        [
+            {"name": "search", "input_schema": {"type": "object"}},
+            {"name": "cron", "description": "Jobs ✓", "defer_loading": True},
+            {"name": "edit", "defer_loading": True},
+        ]
+    )
+    assert [t["function"]["name"] for t in tools.declared] == ["search"]
+    result = [
+        {"type": "tool_reference", "tool_name": "cron"},
+        {"type": "text", "text": "and"},
+        {"type": "tool_reference", "tool_name": "search"},
+    ]
+    turns: list[dict[str, Any]] = [
+        {"role": "user", "content": "Go"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "search", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": result}]},
+    ]
+    [_, _, loaded] = anthropic_messages(None, turns, SEALER, tools)
+    assert loaded["content"] == (
+        "<functions>\n"
+        '<function>{"description": "Jobs ✓", "name": "cron", '
+        '"parameters": {"type": "object", "properties": {}}}</function>\n</functions>\nand\n'
+        '<functions>\n<function>{"name": "search", "parameters": {"type": "object"}}</function>\n</functions>'
+    )
+    # A declared tool referenced again is no new tool; a deferred one not referenced stays out.
+    assert [t["function"]["name"] for t in tools.callable()] == ["search", "cron"]
+    with pytest.raises(InvalidRequest):
+        anthropic_messages(None, turns, SEALER)  # no tools: the reference names none of them
 
 
 def test_tool_types_and_choices_we_cannot_honour_are_refused() -> None:
