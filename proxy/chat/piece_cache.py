@@ -30,6 +30,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from proxy import native_memory
 from proxy.chat.rank_bpe import RankBpe, RankBpeRefused
 from proxy.chat.token_trie import trie_pattern
 
@@ -327,6 +328,8 @@ def _proof(tokenizer: Tokenizer) -> RankBpe | str:
             proof: RankBpe | str = RankBpe.prove(tokenizer)
         except RankBpeRefused as refused:
             proof = str(refused)
+        # The proof parsed the whole tokenizer.json (~45 MB of Python objects, now freed).
+        native_memory.trim()
         _PROOFS[id(tokenizer)] = (tokenizer, proof)
         while len(_PROOFS) > _PROOFS_KEPT:
             del _PROOFS[next(iter(_PROOFS))]

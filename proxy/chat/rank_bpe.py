@@ -226,9 +226,13 @@ def _tiktoken_encoding(pattern: str, ranks: dict[bytes, int]) -> Any:
     except ImportError as exc:  # pragma: no cover - a dependency of the proxy
         raise RankBpeRefused("tiktoken is not installed") from exc
     try:
-        return tiktoken.Encoding("tito-proxy", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+        encoding = tiktoken.Encoding("tito-proxy", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
     except ValueError as exc:  # its regex engine refused the pattern
         raise RankBpeRefused(f"tiktoken cannot use the split pattern: {exc}") from None
+    # The Encoding keeps this dict (~14 MB for 150k tokens) only for methods never called here; its
+    # Rust core holds its own copy, which encode_ordinary reads.
+    ranks.clear()
+    return encoding
 
 
 # Surroundings of every ASCII character in the probe: words, digits, spaces, newlines, contractions.
