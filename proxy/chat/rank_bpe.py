@@ -18,12 +18,12 @@ Hugging Face's pipeline takes ~0.7 ms). The two give the same ids on every word 
    merge list lacks. Then both loops make the same merge at every step: the pair tiktoken picks is
    in the merge list, and no pair Hugging Face knows ranks below it.
 
-The check costs about a second (one batch encode of the vocabulary), so a proxy builds it on a worker
-thread once it has encoded enough text to gain from it. It is used only where the rest of the
-pipeline is the identity or the same on both sides: ASCII text (NFC and its kin change no ASCII,
+The check costs about a second (every token of the vocabulary encoded once), so a proxy makes it on
+a worker thread once it has encoded enough text to gain from it. It is used only where the rest of
+the pipeline is the identity or the same on both sides: ASCII text (NFC and its kin change no ASCII,
 and every regex engine agrees on ASCII's letters, digits and spaces) without added tokens, for a
-pre-tokenizer that is the byte-level regex split alone. A probe
-of every ASCII character in varied surroundings must then give Hugging Face's ids.
+pre-tokenizer that is the byte-level regex split alone. A probe of every ASCII character in varied
+surroundings must then give Hugging Face's ids.
 """
 
 from __future__ import annotations
