@@ -44,6 +44,9 @@ _LARGEST_SHARE = 8
 # ~2M tokens at ~0.5 us a token saved; a proxy serving an RL run gets there in minutes, one started
 # for a few requests never pays it.
 FAST_BPE_AFTER_TOKENS = 100_000
+# The largest chunk of a large text tiktoken encodes (~64k tokens, ~2 MB of Python ints built before
+# the prompt's length is checked); larger ones are counted by the tokenizer before their ids exist.
+FAST_LARGE_CHARS = 256 * 1024
 
 # What surrounds each added token in the self-check: words glued to it, spaces and newlines on either
 # side, text that merges across a cut in a single encode, non-ASCII, digits, contractions, nothing.
@@ -166,28 +169,42 @@ class PieceCache:
 
     def _encode_each(self, chunks: Sequence[str], cached: int, at_most: int | None) -> list[list[int]]:
         """The ids of each chunk; PromptTooLong when they and `cached` ids are more than `at_most`."""
-        if sum(map(len, chunks)) >= self._large_chars:
-            # Building the ids of a refused prompt would hold the GIL for ~0.5 us a token, so they
-            # are counted first.
-            encodings = self._tokenizer.encode_batch_fast(list(chunks), add_special_tokens=False)
-            count = cached + sum(len(e) for e in encodings)
-            if at_most is not None and count > at_most:
-                raise PromptTooLong(count)
-            return [e.ids for e in encodings]
-        return [self._chunk_ids(chunk) for chunk in chunks]
+        if sum(map(len, chunks)) < self._large_chars:
+            return [self._chunk_ids(chunk) for chunk in chunks]
+        # The tokenizer's ids of a refused prompt would hold the GIL for ~0.5 us a token to build, so
+        # the chunks left to it are counted first; tiktoken's cost ~10 ns a token (up to a bound on
+        # the Python ints a chunk may make before the count).
+        found = [self._fast_ids(chunk) if len(chunk) <= FAST_LARGE_CHARS else None for chunk in chunks]
+        rest = [chunk for chunk, ids in zip(chunks, found, strict=True) if ids is None]
+        encodings = self._tokenizer.encode_batch_fast(rest, add_special_tokens=False) if rest else []
+        slow_tokens = sum(len(e) for e in encodings)
+        self.fast.encoded(slow_tokens)
+        count = cached + slow_tokens + sum(len(ids) for ids in found if ids is not None)
+        if at_most is not None and count > at_most:
+            raise PromptTooLong(count)
+        slow = iter(encodings)
+        return [ids if ids is not None else next(slow).ids for ids in found]
 
     def _chunk_ids(self, chunk: str) -> list[int]:
-        """The ids of one chunk: its added token's, then tiktoken's of its text where it applies."""
-        encoder = self.fast.encoder
-        if encoder is not None:
-            head = self._cuts.match(chunk) if self._cuts is not None else None
-            token = head.group() if head is not None else ""
-            ids = encoder.ids(chunk[len(token) :])
-            if ids is not None:
-                return [self._added_ids[token], *ids] if token else ids
-        ids = ids_of(self._tokenizer, chunk)
-        self.fast.encoded(len(ids))
+        """The ids of one chunk: tiktoken's where it applies, else the tokenizer's."""
+        ids = self._fast_ids(chunk)
+        if ids is None:
+            ids = ids_of(self._tokenizer, chunk)
+            self.fast.encoded(len(ids))
         return ids
+
+    def _fast_ids(self, chunk: str) -> list[int] | None:
+        """The chunk's added token's id, then tiktoken's ids of its text; None where tiktoken is not
+        proven or not for this text."""
+        encoder = self.fast.encoder
+        if encoder is None:
+            return None
+        head = self._cuts.match(chunk) if self._cuts is not None else None
+        token = head.group() if head is not None else ""
+        ids = encoder.ids(chunk[len(token) :])
+        if ids is None:
+            return None
+        return [self._added_ids[token], *ids] if token else ids
 
     def _keep(self, chunks: Sequence[str], ids: Sequence[list[int]]) -> None:
         with self._lock:

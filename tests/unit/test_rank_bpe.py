@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from proxy.chat import rank_bpe
-from proxy.chat.piece_cache import PieceCache
+from proxy.chat.piece_cache import PieceCache, PromptTooLong
 from proxy.chat.rank_bpe import GPT2_PATTERN, RankBpe, RankBpeRefused, byte_level_alphabet
 from tests.families import FAMILIES, build_tokenizer_dir
 
@@ -259,3 +259,20 @@ def test_the_cache_can_be_kept_off_it(qwen: Tokenizer) -> None:
     cache.encode("x " * 5000)
     assert cache.as_json()["fast_bpe"] == {"state": "off", "reason": None}
     assert cache.fast.encoder is None
+
+
+def test_large_texts_take_it_and_are_still_counted_against_the_limit(qwen: Tokenizer) -> None:
+    cache = PieceCache(qwen, large_chars=1000, fast_bpe_after=0)
+    code = Path(rank_bpe.__file__).read_text(encoding="utf-8").encode("ascii", "ignore").decode()
+    texts = [
+        "<|im_start|>user\n<tool_response>\n" + code + "\n</tool_response><|im_end|>\n",  # tiktoken
+        "<|im_start|>user\n" + code + "\ncafé<|im_end|>\n" + code,  # one chunk left to the tokenizer
+    ]
+    for text in texts:
+        plain = _plain(qwen, text)
+        cache.clear()
+        assert cache.encode(text, at_most=len(plain)) == plain
+        cache.clear()
+        with pytest.raises(PromptTooLong) as refused:
+            cache.encode(text, at_most=len(plain) - 1)
+        assert refused.value.tokens == len(plain)
