@@ -8,7 +8,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,6 +153,17 @@ class PairedRounds:
         self.via_proxy: dict[int, list[float]] = {t: [] for t in measured}
         self.direct: dict[int, list[float]] = {t: [] for t in measured}
         self.prompt_tokens: dict[int, int] = {}
+
+    def run(
+        self, sessions: int, session: Callable[[str, PairedRounds | None, dict[int, Any]], dict[int, Any]]
+    ) -> dict[str, Any]:
+        """An unmeasured warm-up session, then `sessions` measured ones: `session(name, rounds,
+        previous)` runs one, pairing each measured turn with the same turn of `previous` (what the
+        session before returned) sent straight to the engine. The sessions and their rows."""
+        previous = session("warm-up", None, {turn: [] for turn in self.via_proxy})
+        for n in range(sessions):
+            previous = session(str(n), self, previous)
+        return {"sessions": sessions, "turns": self.rows()}
 
     def rows(self) -> dict[str, dict[str, Any]]:
         """Per measured turn, in milliseconds: both sides' p50, the added p50 (the pairs' median

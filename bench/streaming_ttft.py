@@ -122,12 +122,12 @@ def measure(sessions: int, turns: int = TURNS) -> dict[str, Any]:
         httpx.Client(timeout=60) as client,
     ):
         urls = (stack.engine_url, stack.proxy_url)
-        previous = _session(
-            client, urls, "warm-up", turns=turns, rounds=None, previous={t: [] for t in measured}
+        return rounds.run(
+            sessions,
+            lambda name, paired, previous: _session(
+                client, urls, name, turns=turns, rounds=paired, previous=previous
+            ),
         )
-        for session in range(sessions):
-            previous = _session(client, urls, str(session), turns=turns, rounds=rounds, previous=previous)
-    return {"sessions": sessions, "turns": rounds.rows()}
 
 
 def _sampled_tail(segment: dict[str, Any]) -> int:
