@@ -52,27 +52,24 @@ def _plain(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def qwen(qwen_dir: Path) -> Tokenizer:
-    return Tokenizer.from_file(str(qwen_dir / "tokenizer.json"))
-
-
-@pytest.fixture(scope="module")
-def qwen_bpe(qwen: Tokenizer) -> RankBpe:
-    return RankBpe.prove(qwen)
+def qwen_bpe(qwen_tokenizer: Tokenizer) -> RankBpe:
+    return RankBpe.prove(qwen_tokenizer)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.sampled_from(ASCII_PIECES), max_size=60).map("".join))
-def test_any_ascii_text_gets_the_qwen_tokenizers_ids(qwen: Tokenizer, qwen_bpe: RankBpe, text: str) -> None:
-    assert qwen_bpe.ids(text) == _plain(qwen, text)
+def test_any_ascii_text_gets_the_qwen_tokenizers_ids(
+    qwen_tokenizer: Tokenizer, qwen_bpe: RankBpe, text: str
+) -> None:
+    assert qwen_bpe.ids(text) == _plain(qwen_tokenizer, text)
 
 
-def test_tool_results_get_the_qwen_tokenizers_ids(qwen: Tokenizer, qwen_bpe: RankBpe) -> None:
+def test_tool_results_get_the_qwen_tokenizers_ids(qwen_tokenizer: Tokenizer, qwen_bpe: RankBpe) -> None:
     # Real code, as a tool reads it, without its few non-ASCII characters.
     source = Path(rank_bpe.__file__).read_text(encoding="utf-8").encode("ascii", "ignore").decode()
     texts = [source, source.upper(), source.replace("\n", "\r\n"), " " * 300 + "x", "9" * 400]
     for text in texts:
-        assert qwen_bpe.ids(text) == _plain(qwen, text)
+        assert qwen_bpe.ids(text) == _plain(qwen_tokenizer, text)
 
 
 def test_text_it_cannot_vouch_for_is_left_to_the_tokenizer(qwen_bpe: RankBpe) -> None:
@@ -224,8 +221,8 @@ def test_a_vocabulary_outside_the_byte_alphabet_is_refused() -> None:
     assert "byte-level alphabet" in _refusal(tokenizer)
 
 
-def test_the_cache_uses_it_from_the_start_and_stays_exact(qwen: Tokenizer) -> None:
-    cache = PieceCache(qwen, fast_bpe_after=0)
+def test_the_cache_uses_it_from_the_start_and_stays_exact(qwen_tokenizer: Tokenizer) -> None:
+    cache = PieceCache(qwen_tokenizer, fast_bpe_after=0)
     assert cache.as_json()["fast_bpe"] == {"state": "proven", "reason": None}
     texts = [
         "<|im_start|>user\nfix src/a.py: it's broken\n\n  x = 1<|im_end|>\n",
@@ -234,7 +231,7 @@ def test_the_cache_uses_it_from_the_start_and_stays_exact(qwen: Tokenizer) -> No
         "no added token at all\r\n",
     ]
     for text in texts:
-        assert cache.encode(text) == _plain(qwen, text), text
+        assert cache.encode(text) == _plain(qwen_tokenizer, text), text
 
 
 def test_the_cache_proves_it_on_a_worker_thread_after_enough_tokens(qwen_dir: Path) -> None:
@@ -254,22 +251,22 @@ def test_the_cache_proves_it_on_a_worker_thread_after_enough_tokens(qwen_dir: Pa
     assert PieceCache(tokenizer).as_json()["fast_bpe"]["state"] == "proven"  # the proof is shared
 
 
-def test_the_cache_can_be_kept_off_it(qwen: Tokenizer) -> None:
-    cache = PieceCache(qwen, fast_bpe_after=None)
+def test_the_cache_can_be_kept_off_it(qwen_tokenizer: Tokenizer) -> None:
+    cache = PieceCache(qwen_tokenizer, fast_bpe_after=None)
     cache.encode("x " * 5000)
     assert cache.as_json()["fast_bpe"] == {"state": "off", "reason": None}
     assert cache.fast.encoder is None
 
 
-def test_large_texts_take_it_and_are_still_counted_against_the_limit(qwen: Tokenizer) -> None:
-    cache = PieceCache(qwen, large_chars=1000, fast_bpe_after=0)
+def test_large_texts_take_it_and_are_still_counted_against_the_limit(qwen_tokenizer: Tokenizer) -> None:
+    cache = PieceCache(qwen_tokenizer, large_chars=1000, fast_bpe_after=0)
     code = Path(rank_bpe.__file__).read_text(encoding="utf-8").encode("ascii", "ignore").decode()
     texts = [
         "<|im_start|>user\n<tool_response>\n" + code + "\n</tool_response><|im_end|>\n",  # tiktoken
         "<|im_start|>user\n" + code + "\ncafé<|im_end|>\n" + code,  # one chunk left to the tokenizer
     ]
     for text in texts:
-        plain = _plain(qwen, text)
+        plain = _plain(qwen_tokenizer, text)
         cache.clear()
         assert cache.encode(text, at_most=len(plain)) == plain
         cache.clear()
