@@ -263,11 +263,12 @@ async def open_streams(
     `admission_wait_s`; the streams already opened are then aborted."""
     opened: list[tuple[str, AsyncIterator[StreamChunk]]] = []
     firsts: list[asyncio.Future[StreamChunk]] = []
+    prompt = turn.plan.engine_prompt()
     try:
         for index in range(count):
             request_id = uuid.uuid4().hex  # fixed length: SGLang aborts by rid prefix
             params = turn.params.for_choice(index)
-            chunks = await engine.stream(turn.plan.prompt, params, request_id, affinity=turn.session_id)
+            chunks = await engine.stream(prompt, params, request_id, affinity=turn.session_id)
             opened.append((request_id, chunks))
         firsts = [asyncio.ensure_future(chunks.__anext__()) for _, chunks in opened]
         await asyncio.wait(firsts, timeout=admission_wait_s, return_when=asyncio.FIRST_EXCEPTION)

@@ -25,6 +25,7 @@ from proxy.engines.base import (
     TopLogprobs,
 )
 from proxy.engines.http1 import AnswerCut, EngineHTTP, Stream
+from proxy.engines.prompt_json import json_value
 from proxy.engines.routed_experts import ExpertsAsk, RoutedExperts, from_sglang
 from proxy.errors import (
     ContextLengthExceeded,
@@ -132,7 +133,7 @@ def _request_payload(
     input_ids: PromptIds, params: SamplingParams, rid: str, *, stream: bool
 ) -> dict[str, Any]:
     payload: dict[str, Any] = {
-        "input_ids": input_ids,
+        "input_ids": json_value(input_ids),
         "sampling_params": params.as_sglang(),
         "return_logprob": True,
         "logprob_start_len": -1,

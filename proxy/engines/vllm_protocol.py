@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from proxy.engines.base import FinishReason, PromptIds, SamplingParams, TopLogprobs
+from proxy.engines.prompt_json import json_value
 from proxy.errors import EngineError, UnsupportedParameter
 
 Route = Literal["generate", "completions"]
@@ -80,7 +81,7 @@ def generate_payload(
         sampling["routed_experts_prompt_start"] = params.routed_experts.start
     payload = {
         "request_id": request_id,
-        "token_ids": prompt,
+        "token_ids": json_value(prompt),
         "sampling_params": sampling,
         "output_mode": "tokens",
         "return_token_ids": False,
@@ -103,7 +104,7 @@ def completions_payload(
     """A `/v1/completions` body with a token prompt; max_tokens is always a number there (null is 16)."""
     return {
         "model": model,
-        "prompt": prompt,
+        "prompt": json_value(prompt),
         **vllm_sampling(params, max_tokens=max_tokens),
         "echo": False,
         "request_id": request_id,

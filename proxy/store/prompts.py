@@ -42,6 +42,14 @@ class Recorded:
 
     ids: IdArray
     conversation: list[dict[str, Any]]
+    # The ids' JSON items (b"1,2,3"), when the turn that recorded them wrote them: the next turn's
+    # request body starts with them (proxy/engines/prompt_json.py).
+    items: bytes | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of its ids and their JSON items (what the cache counts besides the texts)."""
+        return self.ids.nbytes + (len(self.items) if self.items is not None else 0)
 
 
 def call_messages(call: StoredCall, parent_conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -90,10 +98,10 @@ class ContextCache:
         base = self._entries.get(extends) if extends is not None else None
         if base is not None and len(recorded.conversation) >= len(base[0].conversation):
             known = len(base[0].conversation)
-            size = base[1] - base[0].ids.nbytes + recorded.ids.nbytes
+            size = base[1] - base[0].nbytes + recorded.nbytes
             size += text_chars(recorded.conversation[known:])
         else:
-            size = recorded.ids.nbytes + text_chars(recorded.conversation)
+            size = recorded.nbytes + text_chars(recorded.conversation)
         self.drop(call_id)
         if size > self._max_bytes:
             return  # larger than the whole budget: rebuilt when needed, never kept

@@ -21,8 +21,9 @@ import numpy as np
 from proxy.chat.messages import Message, reasoning_consistent
 from proxy.chat.renderer import LARGE_TEXT_CHARS, Delta, DeltaUnavailable, PromptTooLong, Renderer
 from proxy.engines.base import Engine, SamplingParams
+from proxy.engines.prompt_json import items_of, joined
 from proxy.errors import ContextLengthExceeded, InvalidRequest
-from proxy.store.codec import unpack_ids
+from proxy.store.codec import IdArray, unpack_ids
 from proxy.store.prompts import ContextCache, Recorded, extend, text_chars
 from proxy.store.turn_store import ContinuedCall, TurnStore
 from proxy.turns.budget import bounded_sampling
@@ -215,7 +216,12 @@ class TurnPlanner:
         if continued is not None:
             reason = "template_render_differs"
         return PromptPlan(
-            prompt=prompt, added=prompt, parent=None, boundary_edits=[], new_segment_reason=reason
+            prompt=prompt,
+            added=prompt,
+            parent=None,
+            boundary_edits=[],
+            new_segment_reason=reason,
+            prompt_items=items_of(prompt),
         )
 
     async def _continue(
@@ -256,14 +262,7 @@ class TurnPlanner:
             return await self._continue_empty(request, parent, appended, template_now, recorded)
         edits, added = self._boundary(len(context), last, close)
         added_ids = np.asarray([*added, *delta.ids], dtype=np.int32)
-        return PromptPlan(
-            prompt=np.concatenate([context, added_ids]),
-            added=added_ids,
-            parent=parent,
-            boundary_edits=edits,
-            history=recorded.conversation,
-            appended=list(appended),
-        )
+        return _continuing(parent, recorded, added_ids, edits, appended)
 
     def _boundary(self, context_len: int, last: int, close: int) -> tuple[list[dict[str, Any]], list[int]]:
         """The edits where the recorded context meets the delta, and the ids added before the delta."""
@@ -309,14 +308,7 @@ class TurnPlanner:
         if tail[: len(sampled)] != sampled:
             raise DeltaUnavailable("a render of the empty reply does not start with what was sampled")
         added_ids = np.asarray(tail[len(sampled) :], dtype=np.int32)
-        return PromptPlan(
-            prompt=np.concatenate([recorded.ids, added_ids]),
-            added=added_ids,
-            parent=parent,
-            boundary_edits=[],
-            history=recorded.conversation,
-            appended=list(appended),
-        )
+        return _continuing(parent, recorded, added_ids, [], appended)
 
     async def _off_loop_if_large(self, chars: int, render: Callable[[], _Rendered]) -> _Rendered:
         """`render()`, on a worker thread when its messages are large: Jinja then shares the GIL in
@@ -341,6 +333,27 @@ class TurnPlanner:
     def close(self) -> None:
         """Stop the render workers; a render still running ends on its own (it cannot be interrupted)."""
         self._workers.shutdown(wait=False, cancel_futures=True)
+
+
+def _continuing(
+    parent: ContinuedCall,
+    recorded: Recorded,
+    added_ids: IdArray,
+    edits: list[dict[str, Any]],
+    appended: Sequence[Message],
+) -> PromptPlan:
+    """The plan that continues `parent`: its recorded context, then `added_ids`; the prompt's JSON
+    items are the context's (written by the turn that recorded it, or now) and the added ids'."""
+    context_items = recorded.items if recorded.items is not None else items_of(recorded.ids)
+    return PromptPlan(
+        prompt=np.concatenate([recorded.ids, added_ids]),
+        added=added_ids,
+        parent=parent,
+        boundary_edits=edits,
+        history=recorded.conversation,
+        appended=list(appended),
+        prompt_items=joined(context_items, items_of(added_ids)),
+    )
 
 
 def _experts_start(plan: PromptPlan) -> int:

@@ -14,6 +14,7 @@ import numpy as np
 from proxy.chat.messages import Message, canonical_json
 from proxy.chat.parsing import ParsedOutput
 from proxy.engines.base import Engine, Generation, SamplingParams
+from proxy.engines.prompt_json import items_of, joined
 from proxy.errors import ClientClosedRequest, ProxyError
 from proxy.observe.metrics import Metrics
 from proxy.store.codec import pack_ids, pack_logprobs
@@ -145,14 +146,17 @@ class TurnRecorder:
 
     def _remember(self, turn: PreparedTurn, call_id: int, generation: Generation, reply: Message) -> None:
         plan = turn.plan
-        context = np.concatenate([plan.prompt, np.asarray(generation.output_ids, dtype=np.int32)])
+        output = np.asarray(generation.output_ids, dtype=np.int32)
+        context = np.concatenate([plan.prompt, output])
+        # The next turn's request body starts with these: written here once, from the prompt's.
+        items = joined(plan.prompt_items, items_of(output)) if plan.prompt_items is not None else None
         conversation = [
             *plan.history,
             *(plan.appended if plan.parent is not None else turn.request.messages),
             reply,
         ]
         extends = plan.parent.id if plan.parent is not None else None
-        self.contexts.put(call_id, Recorded(context, conversation), extends=extends)
+        self.contexts.put(call_id, Recorded(context, conversation, items), extends=extends)
 
     def _new_call(
         self, turn: PreparedTurn, index: int, generation: Generation, status: str, timings: dict[str, float]

@@ -10,6 +10,7 @@ from typing import Any
 from proxy.chat.messages import HistoryHash, Message, canonical_json
 from proxy.chat.parsing import OutputParser, ParsedOutput
 from proxy.engines.base import Generation, SamplingParams
+from proxy.engines.prompt_json import with_items
 from proxy.ids import random_hex
 from proxy.store.codec import IdArray
 from proxy.store.turn_store import ContinuedCall
@@ -64,6 +65,13 @@ class PromptPlan:
     history: list[Message] = field(default_factory=list)  # the parent's recorded conversation
     appended: list[Message] = field(default_factory=list)
     new_segment_reason: str = "new_conversation"  # why a plan without a parent opens a segment
+    # The prompt's JSON items (proxy/engines/prompt_json.py), built from its context's and its added
+    # ids'; None where nobody wrote them (the engine then writes the ids).
+    prompt_items: bytes | None = None
+
+    def engine_prompt(self) -> IdArray:
+        """The prompt as the engine call takes it: carrying its JSON items when they are known."""
+        return with_items(self.prompt, self.prompt_items)
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,7 @@ class TurnRunner:
     async def _sample(self, turn: PreparedTurn, request_ids: list[str]) -> list[Generation]:
         """Every choice's generation, in order. One choice (nearly every turn) is awaited in this task:
         a gather would add a task and a future per turn."""
-        prompt, params, session_id = turn.plan.prompt, turn.params, turn.session_id
+        prompt, params, session_id = turn.plan.engine_prompt(), turn.params, turn.session_id
         if len(request_ids) == 1:
             return [await self.engine.generate(prompt, params, request_ids[0], affinity=session_id)]
         return list(
