@@ -18,6 +18,7 @@ restarting), an unknown name waits for a listing as long as a turn waits for a r
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -77,8 +78,10 @@ class ModelNames:
         self._refresher: asyncio.Task[None] | None = None
         self._other_name_at = 0.0  # time.monotonic() of the last name that is not the base model's
 
-    @property
+    @functools.cached_property
     def serves_adapters(self) -> bool:
+        """Whether the engine lists adapters; asked once (through its wrappers' __getattr__ it cost
+        ~1% of a turn's CPU when asked on every turn that names another model)."""
         return callable(getattr(self.engine, "adapters", None))
 
     async def adapters(self, *, older_than: float = ADAPTERS_TTL_S) -> dict[str, str]:
