@@ -23,7 +23,7 @@ from proxy.export.drift import DriftClassifier, DriftMode, StreamFacts, report
 from proxy.export.experts import export_fields
 from proxy.store.codec import unpack_ids, unpack_logprobs
 from proxy.store.models import CallRow
-from proxy.store.prompts import chain_conversation
+from proxy.store.prompts import chain_conversation, chain_tools
 
 log = logging.getLogger("tito_proxy.export")
 
@@ -100,7 +100,7 @@ def drift_report(
     try:
         render = renderer.render_prompt(
             messages,
-            tools=last.request.get("tools"),
+            tools=chain_tools(trajectory.calls),
             template_kwargs=last.request.get("chat_template_kwargs"),
             now=template_now,
             add_generation_prompt=False,

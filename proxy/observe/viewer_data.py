@@ -11,7 +11,7 @@ from proxy.export.branches import branch_labels
 from proxy.export.trajectory import SegmentTrajectory, build_trajectories
 from proxy.store.codec import unpack_ids
 from proxy.store.models import CallRow, SessionRow
-from proxy.store.prompts import chain_conversation
+from proxy.store.prompts import chain_conversation, chain_tools
 from proxy.store.repository import utc_iso
 
 
@@ -125,7 +125,7 @@ def _fresh_render(state: AppState, session: SessionRow, path: SegmentTrajectory)
     try:
         ids = state.renderer.render_prompt(
             chain_conversation(path.calls),
-            tools=last.request.get("tools"),
+            tools=chain_tools(path.calls),
             template_kwargs=last.request.get("chat_template_kwargs"),
             now=session.template_now,
             add_generation_prompt=False,

@@ -1,8 +1,9 @@
 """What a recorded call extends: its full token context and its conversation, rebuilt from the
 deltas calls store, and kept in a bounded cache.
 
-A call stores only the ids it added to its parent's prompt + output, and only the messages it
-appended to its parent's conversation. Both are rebuilt by walking the segment once, then cached;
+A call stores only the ids it added to its parent's prompt + output, only the messages it appended
+to its parent's conversation, and its tools only where they are not its parent's (an agent's tool
+list is tens of KB, sent again on every turn). All are rebuilt by walking the segment once, then cached;
 a cached entry is dropped when a child takes over, so memory holds about one per live branch, and
 the cache as a whole stays within 128 MiB and 50,000 entries (least recently used out first).
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+import orjson
 
 from proxy.store.codec import IdArray, unpack_ids
 
@@ -45,11 +47,19 @@ class Recorded:
     # The ids' JSON items (b"1,2,3"), when the turn that recorded them wrote them: the next turn's
     # request body starts with them (proxy/engines/prompt_json.py).
     items: bytes | None = None
+    # The JSON of the tools the call was sent with (its own, or its parent's: chain_tools), which its
+    # child compares its own with; a child that inherits them shares this object.
+    tools_json: bytes | None = None
 
     @property
     def nbytes(self) -> int:
-        """The bytes of its ids and their JSON items (what the cache counts besides the texts)."""
-        return self.ids.nbytes + (len(self.items) if self.items is not None else 0)
+        """The bytes of its ids, their JSON items and its tools' JSON (what the cache counts besides
+        the texts)."""
+        return (
+            self.ids.nbytes
+            + (len(self.items) if self.items is not None else 0)
+            + (len(self.tools_json) if self.tools_json is not None else 0)
+        )
 
 
 def call_messages(call: StoredCall, parent_conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -57,6 +67,15 @@ def call_messages(call: StoredCall, parent_conversation: list[dict[str, Any]]) -
     if call.parent_id is None or "messages_added" not in call.request:
         return list(call.request["messages"])  # calls recorded before 0.1.0's delta storage hold them all
     return [*parent_conversation, *call.request["messages_added"]]
+
+
+def chain_tools(chain: Sequence[StoredCall]) -> list[dict[str, Any]] | None:
+    """The tools the last call of a root-to-leaf chain was sent with: the last ones stored (a
+    continuation sent with its parent's stores none)."""
+    tools: list[dict[str, Any]] | None = None
+    for call in chain:
+        tools = call.request.get("tools", tools)
+    return tools
 
 
 def chain_conversation(chain: Sequence[StoredCall]) -> list[dict[str, Any]]:
@@ -147,9 +166,21 @@ def extend(base: Recorded | None, chain: Sequence[StoredCall]) -> Recorded:
     None when the chain starts at the segment's root), then each call's stored deltas."""
     pieces: list[IdArray] = [base.ids] if base is not None else []
     conversation = list(base.conversation) if base is not None else []
+    tools_json = base.tools_json if base is not None else None
     for row in chain:
         pieces.append(unpack_ids(row.prompt_added))
         pieces.append(unpack_ids(row.output_ids))
         conversation = [*call_messages(row, conversation), row.response_message]
+        if "tools" in row.request:
+            tools_json = tools_json_of(row.request["tools"])
     ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
-    return Recorded(ids=ids, conversation=conversation)
+    return Recorded(ids=ids, conversation=conversation, tools_json=tools_json)
+
+
+def tools_json_of(tools: list[dict[str, Any]] | None) -> bytes | None:
+    """A tool list's JSON as orjson writes it (key order kept), which a continuation's must equal to
+    inherit its parent's; None for one it cannot write (an integer past 64 bits): never inherited."""
+    try:
+        return orjson.dumps(tools)
+    except TypeError:
+        return None

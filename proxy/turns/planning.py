@@ -222,6 +222,7 @@ class TurnPlanner:
             boundary_edits=[],
             new_segment_reason=reason,
             prompt_items=items_of(prompt),
+            tools_json=request.tools_json,
         )
 
     async def _continue(
@@ -262,7 +263,7 @@ class TurnPlanner:
             return await self._continue_empty(request, parent, appended, template_now, recorded)
         edits, added = self._boundary(len(context), last, close)
         added_ids = np.asarray([*added, *delta.ids], dtype=np.int32)
-        return _continuing(parent, recorded, added_ids, edits, appended)
+        return _continuing(request, parent, recorded, added_ids, edits=edits, appended=appended)
 
     def _boundary(self, context_len: int, last: int, close: int) -> tuple[list[dict[str, Any]], list[int]]:
         """The edits where the recorded context meets the delta, and the ids added before the delta."""
@@ -308,7 +309,7 @@ class TurnPlanner:
         if tail[: len(sampled)] != sampled:
             raise DeltaUnavailable("a render of the empty reply does not start with what was sampled")
         added_ids = np.asarray(tail[len(sampled) :], dtype=np.int32)
-        return _continuing(parent, recorded, added_ids, [], appended)
+        return _continuing(request, parent, recorded, added_ids, edits=[], appended=appended)
 
     async def _off_loop_if_large(self, chars: int, render: Callable[[], _Rendered]) -> _Rendered:
         """`render()`, on a worker thread when its messages are large: Jinja then shares the GIL in
@@ -336,9 +337,11 @@ class TurnPlanner:
 
 
 def _continuing(
+    request: TurnRequest,
     parent: ContinuedCall,
     recorded: Recorded,
     added_ids: IdArray,
+    *,
     edits: list[dict[str, Any]],
     appended: Sequence[Message],
 ) -> PromptPlan:
@@ -353,7 +356,18 @@ def _continuing(
         history=recorded.conversation,
         appended=list(appended),
         prompt_items=joined(context_items, items_of(added_ids)),
+        **_tools_of(request, recorded),
     )
+
+
+def _tools_of(request: TurnRequest, parent: Recorded) -> dict[str, Any]:
+    """Whether the request's tools are its parent's, written the very same, and their JSON (the
+    parent's object when they are). The history keys of both match already, but those sort keys:
+    the record keeps the order the client sent."""
+    own = request.tools_json
+    if own is not None and own == parent.tools_json:
+        return {"tools_json": parent.tools_json, "tools_inherited": True}
+    return {"tools_json": own, "tools_inherited": False}
 
 
 def _experts_start(plan: PromptPlan) -> int:

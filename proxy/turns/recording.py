@@ -156,7 +156,8 @@ class TurnRecorder:
             reply,
         ]
         extends = plan.parent.id if plan.parent is not None else None
-        self.contexts.put(call_id, Recorded(context, conversation, items), extends=extends)
+        recorded = Recorded(context, conversation, items, tools_json=plan.tools_json)
+        self.contexts.put(call_id, recorded, extends=extends)
 
     def _new_call(
         self, turn: PreparedTurn, index: int, generation: Generation, status: str, timings: dict[str, float]
@@ -223,7 +224,8 @@ def _recorded_request(turn: PreparedTurn) -> dict[str, Any]:
     plan, request = turn.plan, turn.request
     return {
         **({"messages_added": plan.appended} if plan.parent is not None else {"messages": request.messages}),
-        "tools": request.tools,
+        # A continuation sent with its parent's tools finds them there (chain_tools).
+        **({} if plan.tools_inherited else {"tools": request.tools}),
         "chat_template_kwargs": request.template_kwargs,
         "body": request.raw,
         **({"kind": "completion"} if request.is_completion else {}),
