@@ -10,6 +10,7 @@ none, and is written from its values as before.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ class WrittenIds(np.ndarray):
         self.items = None
 
 
-def items_of(ids: IdArray) -> bytes:
+def items_of(ids: Sequence[int] | IdArray) -> bytes:
     """The JSON items of `ids` (b"1,2,3"; b"" when empty): the carried text, else written now."""
     if isinstance(ids, WrittenIds):
         if ids.items is not None:

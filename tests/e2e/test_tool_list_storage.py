@@ -59,6 +59,14 @@ def _stored_requests(db: Path) -> list[dict[str, Any]]:
     return [orjson.loads(request) for (request,) in rows]
 
 
+def _template_ids(tokenizer_dir: Path, messages: list[dict[str, Any]], tools: list[Any]) -> list[int]:
+    """The chat template's own render of a finished conversation, as ids."""
+    template = AutoTokenizer.from_pretrained(tokenizer_dir)
+    text = template.apply_chat_template(messages, tools=tools, tokenize=False)
+    assert isinstance(text, str)
+    return list(template.encode(text, add_special_tokens=False))
+
+
 def _conversation(url: str, turns: list[list[dict[str, Any]]], messages: list[dict[str, Any]]) -> None:
     """One turn per tool list in `turns`, each continuing the last (the fake engine answers "ok")."""
     for tools in turns:
@@ -90,10 +98,8 @@ def test_a_continuation_sent_with_its_parents_tools_stores_them_once(
     # them would differ from the recorded stream in its whole tool block.
     assert segment["drift"]["unclassified"] == 0
     # The viewer's fresh render is the chat template's own, tools included.
-    template = AutoTokenizer.from_pretrained(qwen_dir)
-    fresh = template.apply_chat_template(messages[:-1], tools=tools, tokenize=False)
     assert viewer.status_code == 200, viewer.text
-    assert viewer.json()["render"]["ids"] == template.encode(fresh, add_special_tokens=False)
+    assert viewer.json()["render"]["ids"] == _template_ids(qwen_dir, messages[:-1], tools)
     # The engine was sent the recorded stream: the last prompt is its beginning.
     stream = segment["prompt_ids"] + segment["response_ids"]
     last_prompt = engine.requests[-1]["input_ids"]
@@ -116,6 +122,4 @@ def test_tools_resent_in_another_key_order_are_stored_on_the_call_that_sent_them
     assert segment["num_calls"] == 3  # one history: its keys sort the tools' keys
     assert [request.get("tools", "inherited") for request in stored] == [tools, reordered, "inherited"]
     # The last call was sent the reordered tools: the fresh render of its conversation uses them.
-    template = AutoTokenizer.from_pretrained(qwen_dir)
-    fresh = template.apply_chat_template(messages[:-1], tools=reordered, tokenize=False)
-    assert viewer.json()["render"]["ids"] == template.encode(fresh, add_special_tokens=False)
+    assert viewer.json()["render"]["ids"] == _template_ids(qwen_dir, messages[:-1], reordered)
