@@ -7,10 +7,16 @@ bytes (types included: `1` is not `1.0` nor `true`), their validated models are 
 new messages are validated. A tool list written the very same as the last request's is reused the
 same way, with its plain form (a harness resends tens of KB of tool schemas every turn). Anything
 else, an error included, takes FastAPI's full validation, so a bad body is answered exactly as before.
+
+A body whose message list is written as orjson writes it (compact JSON: orjson, httpx, the OpenAI
+SDK) is not even parsed whole: its bytes through the last known message are kept, and a next body
+that starts with the very same bytes, then a comma, holds the same messages (a JSON parser reads the
+same bytes the same way), so only the rest is parsed: the body with those messages cut out.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -29,12 +35,27 @@ _COST_PER_MESSAGE = 2048
 _COST_PER_ENTRY = 4096
 
 
+_MESSAGES_KEY = b'"messages":'
+# Put where a resent body's known messages are cut out: the parser keeps that list only if its first
+# item is this number, which no client can know (a list of messages holds objects anyway).
+_MARKER = secrets.randbits(62)
+_MARKER_TEXT = b"%d" % _MARKER
+
+
 @dataclass(frozen=True)
 class _Known:
-    written: bytes  # orjson's text of the raw message list
+    # orjson's text of the raw message list; with `list_at`, the request body through its last
+    # message (the list's "]" left out), whose message list opens at `list_at`.
+    text: bytes
+    list_at: int | None
     body: ChatCompletionRequest  # the request that sent them, validated
     tools: bytes | None  # orjson's text of its raw tool list (None: none sent, or not writable)
     cost: int  # the memory it holds, estimated high
+
+    @property
+    def written(self) -> bytes:
+        """orjson's text of the raw message list."""
+        return self.text if self.list_at is None else self.text[self.list_at :] + b"]"
 
 
 class MessagePrefixes:
@@ -50,28 +71,67 @@ class MessagePrefixes:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def read(self, session_id: str | None, raw: bytes) -> Any:
+        """The JSON body `raw` validated (a ChatCompletionRequest), reusing the session's known
+        messages, else parsed, for FastAPI to validate (and answer its errors)."""
+        resent = self._resent(session_id, raw)
+        if resent is not None:
+            return resent
+        data = orjson.loads(raw)
+        validated = self.validate(session_id, data, len(raw), raw=raw)
+        return data if validated is None else validated
+
+    def _resent(self, session_id: str | None, raw: bytes) -> ChatCompletionRequest | None:
+        """The body validated from its new messages alone, when it starts with the very bytes of the
+        session's known ones and more messages follow; None to parse it whole."""
+        known = self._entries.get(session_id) if session_id is not None else None
+        if known is None or known.list_at is None:
+            return None
+        end = len(known.text)
+        if raw[end : end + 1] != b"," or not raw.startswith(known.text):
+            return None
+        # The body with the known messages cut out, a marker in their place: the parser must read
+        # the marker as the list's first item, or the list cut is not the body's messages (a nested
+        # one, or one of duplicate keys, of which the parser keeps the last).
+        cut = b"".join((known.text[: known.list_at + 1], _MARKER_TEXT, raw[end:]))
+        try:
+            rest = orjson.loads(cut)
+        except orjson.JSONDecodeError:
+            return None  # malformed after the known messages: parsed whole, answered as before
+        added = rest.get("messages") if isinstance(rest, dict) else None
+        if type(added) is not list or len(added) < 2 or added[0] != _MARKER:
+            return None
+        rest["messages"] = added[1:]
+        return self.validate(session_id, rest, len(raw), raw=raw, resent=known)
+
     def validate(
-        self, session_id: str | None, data: Any, body_bytes: int = 0
+        self,
+        session_id: str | None,
+        data: Any,
+        body_bytes: int = 0,
+        *,
+        raw: bytes | None = None,
+        resent: _Known | None = None,
     ) -> ChatCompletionRequest | None:
         """The body validated, reusing the session's known messages; None when FastAPI must validate
         it (no session named, not an object with a message list, or anything invalid). `body_bytes`:
-        the length of the JSON `data` was read from (what the kept request holds besides messages)."""
+        the length of the JSON `data` was read from (what the kept request holds besides messages);
+        `raw`: that JSON; `resent`: the known entry whose messages `raw` starts with (`data` then
+        holds only the messages after them)."""
         messages = data.get("messages") if isinstance(data, dict) else None
         if session_id is None or type(messages) is not list or not messages:
             return None
-        known = self._entries.get(session_id)
-        start, written = 0, b""
-        if known is not None and len(known.body.messages) < len(messages):
-            prefix = _written(messages[: len(known.body.messages)])
-            if prefix is not None and prefix == known.written:
-                start, written = len(known.body.messages), prefix
+        known = resent or self._entries.get(session_id)
+        if resent is not None:
+            start, written, added = len(resent.body.messages), resent.written, messages
+        else:
+            start, written = _known_prefix(known, messages)
+            added = messages[start:]
         # The same tool list, written the same, is the previous request's: not validated again.
         raw_tools = data.get("tools")
         tools = _written(raw_tools) if type(raw_tools) is list and raw_tools else None
         same_tools = known is not None and tools is not None and tools == known.tools
-        unread: dict[str, Any] = {}
-        if start:
-            unread["messages"] = messages[start:]
+        unread: dict[str, Any] = {"messages": added} if start else {}
         if same_tools:
             unread["tools"] = None
         try:
@@ -92,37 +152,46 @@ class MessagePrefixes:
         else:
             kept_tools = own_length(tools) if tools is not None else None
         self._remember(
-            session_id, messages, start, written, body=body, tools=kept_tools, body_bytes=body_bytes
+            session_id, added, written, body=body, tools=kept_tools, body_bytes=body_bytes, raw=(raw, resent)
         )
         return body
 
     def _remember(
         self,
         session_id: str,
-        raw: list[Any],
-        start: int,
+        added: list[Any],
         prefix: bytes,
         *,
         body: ChatCompletionRequest,
         tools: bytes | None,
         body_bytes: int,
+        raw: tuple[bytes | None, _Known | None],
     ) -> None:
-        tail = _written(raw[start:])
+        """Keep the body's messages: `prefix`, the known ones' text (b"" for none), then `added`;
+        `raw`: the JSON it was read from, and the known entry it starts with, if it does."""
+        tail = _written(added)
         self.drop(session_id)
         if tail is None:
             return
-        # orjson writes a list as "[" + its items joined by "," + "]". A concatenation is a new object
-        # of its own length; orjson's own result is not (kept_json.py).
-        written = prefix[:-1] + b"," + tail[1:] if start else own_length(tail)
+        # orjson writes a list as "[" + its items joined by "," + "]".
+        size = len(prefix) + len(tail) if prefix else len(tail)
         cost = (
-            _COST_PER_BODY_BYTE * max(body_bytes, len(written))
+            _COST_PER_BODY_BYTE * max(body_bytes, size)
             + len(tools or b"")
-            + _COST_PER_MESSAGE * len(raw)
+            + _COST_PER_MESSAGE * len(body.messages)
             + _COST_PER_ENTRY
         )
         if cost > self._max_bytes // 4:
             return
-        self._entries[session_id] = _Known(written, body, tools, cost)
+        text, resent = raw
+        kept = _resent_head(text, tail, resent) if text is not None and resent is not None else None
+        if kept is None:
+            # A concatenation is a new object of its own length; orjson's own result is not
+            # (kept_json.py).
+            written = prefix[:-1] + b"," + tail[1:] if prefix else own_length(tail)
+            kept = _head(text, written) if text is not None else None
+            kept = kept or (written, None)
+        self._entries[session_id] = _Known(kept[0], kept[1], body, tools, cost)
         self.bytes += cost
         while self.bytes > self._max_bytes or len(self._entries) > self._max_entries:
             self.drop(next(iter(self._entries)))
@@ -131,6 +200,38 @@ class MessagePrefixes:
         old = self._entries.pop(session_id, None)
         if old is not None:
             self.bytes -= old.cost
+
+
+def _known_prefix(known: _Known | None, messages: list[Any]) -> tuple[int, bytes]:
+    """How many of `messages` are the known entry's, written the very same, and their text."""
+    if known is None or len(known.body.messages) >= len(messages):
+        return 0, b""
+    prefix = _written(messages[: len(known.body.messages)])
+    if prefix is None or prefix != known.written:
+        return 0, b""
+    return len(known.body.messages), prefix
+
+
+def _resent_head(raw: bytes, tail: bytes, resent: _Known) -> tuple[bytes, int | None] | None:
+    """The body `raw`, which starts with `resent`'s head and a comma, through its last message, when
+    its new messages are written as orjson writes them (`tail`)."""
+    end = len(resent.text) + len(tail) - 1
+    if raw[len(resent.text) + 1 : end] != tail[1:-1] or raw[end : end + 1] != b"]":
+        return None
+    return raw[:end], resent.list_at
+
+
+def _head(raw: bytes, written: bytes) -> tuple[bytes, int | None] | None:
+    """The body `raw` through its last message, and where its message list opens, when a "messages"
+    key in it holds the list as orjson writes it (`written`); None otherwise (the next body is then
+    parsed whole). Should that key be another than the one the parser read (nested, or one of
+    duplicates), the next body's marker tells (_resent)."""
+    at = raw.find(_MESSAGES_KEY + written[:-1])
+    list_at = at + len(_MESSAGES_KEY)
+    end = list_at + len(written) - 1
+    if at < 0 or raw[end : end + 1] != b"]":
+        return None
+    return raw[:end], list_at
 
 
 def _written(value: list[Any]) -> bytes | None:

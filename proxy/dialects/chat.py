@@ -29,11 +29,9 @@ class ChatBodyRequest(OrjsonRequest):
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            parsed = await super().json()
             session_id = self.path_params.get("session_id") or self.headers.get("x-session-id")
             state: AppState = self.app.state.proxy
-            validated = state.message_prefixes.validate(session_id, parsed, len(await self.body()))
-            self._json = validated or parsed
+            self._json = state.message_prefixes.read(session_id, await self.body())
         return self._json
 
 
