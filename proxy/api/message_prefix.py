@@ -127,10 +127,7 @@ class MessagePrefixes:
         else:
             start, written = _known_prefix(known, messages)
             added = messages[start:]
-        # The same tool list, written the same, is the previous request's: not validated again.
-        raw_tools = data.get("tools")
-        tools = _written(raw_tools) if type(raw_tools) is list and raw_tools else None
-        same_tools = known is not None and tools is not None and tools == known.tools
+        tools, same_tools = _tools_written(data, known)
         unread: dict[str, Any] = {"messages": added} if start else {}
         if same_tools:
             unread["tools"] = None
@@ -145,14 +142,8 @@ class MessagePrefixes:
         if same_tools:
             assert known is not None
             body.reuse_tools(known.body)
-        # A reused tool list keeps the text already kept for it; a new one is copied to its own
-        # length (orjson's result is not: kept_json.py).
-        if same_tools and known is not None:
-            kept_tools = known.tools
-        else:
-            kept_tools = own_length(tools) if tools is not None else None
         self._remember(
-            session_id, added, written, body=body, tools=kept_tools, body_bytes=body_bytes, raw=(raw, resent)
+            session_id, added, written, body=body, tools=tools, body_bytes=body_bytes, source=(raw, resent)
         )
         return body
 
@@ -165,10 +156,10 @@ class MessagePrefixes:
         body: ChatCompletionRequest,
         tools: bytes | None,
         body_bytes: int,
-        raw: tuple[bytes | None, _Known | None],
+        source: tuple[bytes | None, _Known | None],
     ) -> None:
         """Keep the body's messages: `prefix`, the known ones' text (b"" for none), then `added`;
-        `raw`: the JSON it was read from, and the known entry it starts with, if it does."""
+        `source`: the JSON it was read from, and the known entry it starts with, if it does."""
         tail = _written(added)
         self.drop(session_id)
         if tail is None:
@@ -183,7 +174,7 @@ class MessagePrefixes:
         )
         if cost > self._max_bytes // 4:
             return
-        text, resent = raw
+        text, resent = source
         kept = _resent_head(text, tail, resent) if text is not None and resent is not None else None
         if kept is None:
             # A concatenation is a new object of its own length; orjson's own result is not
@@ -200,6 +191,17 @@ class MessagePrefixes:
         old = self._entries.pop(session_id, None)
         if old is not None:
             self.bytes -= old.cost
+
+
+def _tools_written(data: dict[str, Any], known: _Known | None) -> tuple[bytes | None, bool]:
+    """The body's tool list as orjson writes it, and whether it is the known request's, written the
+    same (not validated again then). A known list keeps the text already kept for it; a new one is
+    copied to its own length (orjson's result is not: kept_json.py)."""
+    raw_tools = data.get("tools")
+    tools = _written(raw_tools) if type(raw_tools) is list and raw_tools else None
+    if known is not None and tools is not None and tools == known.tools:
+        return known.tools, True
+    return (own_length(tools) if tools is not None else None), False
 
 
 def _known_prefix(known: _Known | None, messages: list[Any]) -> tuple[int, bytes]:
