@@ -10,6 +10,7 @@ the cache as a whole stays within 128 MiB and 50,000 entries (least recently use
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,19 +48,14 @@ class Recorded:
     # The ids' JSON items (b"1,2,3"), when the turn that recorded them wrote them: the next turn's
     # request body starts with them (proxy/engines/prompt_json.py).
     items: bytes | None = None
-    # The JSON of the tools the call was sent with (its own, or its parent's: chain_tools), which its
-    # child compares its own with; a child that inherits them shares this object.
-    tools_json: bytes | None = None
+    # A digest of the JSON of the tools the call was sent with (its own, or its parent's:
+    # chain_tools), which its child compares its own with: 16 bytes, where an agent's list is tens of KB.
+    tools_key: bytes | None = None
 
     @property
     def nbytes(self) -> int:
-        """The bytes of its ids, their JSON items and its tools' JSON (what the cache counts besides
-        the texts)."""
-        return (
-            self.ids.nbytes
-            + (len(self.items) if self.items is not None else 0)
-            + (len(self.tools_json) if self.tools_json is not None else 0)
-        )
+        """The bytes of its ids and their JSON items (what the cache counts besides the texts)."""
+        return self.ids.nbytes + (len(self.items) if self.items is not None else 0)
 
 
 def call_messages(call: StoredCall, parent_conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -166,21 +162,22 @@ def extend(base: Recorded | None, chain: Sequence[StoredCall]) -> Recorded:
     None when the chain starts at the segment's root), then each call's stored deltas."""
     pieces: list[IdArray] = [base.ids] if base is not None else []
     conversation = list(base.conversation) if base is not None else []
-    tools_json = base.tools_json if base is not None else None
+    tools_key = base.tools_key if base is not None else None
     for row in chain:
         pieces.append(unpack_ids(row.prompt_added))
         pieces.append(unpack_ids(row.output_ids))
         conversation = [*call_messages(row, conversation), row.response_message]
         if "tools" in row.request:
-            tools_json = tools_json_of(row.request["tools"])
+            tools_key = tools_key_of(row.request["tools"])
     ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
-    return Recorded(ids=ids, conversation=conversation, tools_json=tools_json)
+    return Recorded(ids=ids, conversation=conversation, tools_key=tools_key)
 
 
-def tools_json_of(tools: list[dict[str, Any]] | None) -> bytes | None:
-    """A tool list's JSON as orjson writes it (key order kept), which a continuation's must equal to
-    inherit its parent's; None for one it cannot write (an integer past 64 bits): never inherited."""
+def tools_key_of(tools: list[dict[str, Any]] | None) -> bytes | None:
+    """A digest of a tool list's JSON as orjson writes it (key order kept), which a continuation's
+    must equal to inherit its parent's; None for a list it cannot write (an integer past 64 bits):
+    never inherited."""
     try:
-        return orjson.dumps(tools)
+        return hashlib.blake2b(orjson.dumps(tools), digest_size=16).digest()
     except TypeError:
         return None

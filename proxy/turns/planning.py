@@ -222,7 +222,7 @@ class TurnPlanner:
             boundary_edits=[],
             new_segment_reason=reason,
             prompt_items=items_of(prompt),
-            tools_json=request.tools_json,
+            tools_key=request.tools_key,
         )
 
     async def _continue(
@@ -356,18 +356,11 @@ def _continuing(
         history=recorded.conversation,
         appended=list(appended),
         prompt_items=joined(context_items, items_of(added_ids)),
-        **_tools_of(request, recorded),
+        tools_key=request.tools_key,
+        # Its parent's tools, written the very same? The history keys of both match already, but
+        # those sort keys: the record keeps the order the client sent.
+        tools_inherited=request.tools_key is not None and request.tools_key == recorded.tools_key,
     )
-
-
-def _tools_of(request: TurnRequest, parent: Recorded) -> dict[str, Any]:
-    """Whether the request's tools are its parent's, written the very same, and their JSON (the
-    parent's object when they are). The history keys of both match already, but those sort keys:
-    the record keeps the order the client sent."""
-    own = request.tools_json
-    if own is not None and own == parent.tools_json:
-        return {"tools_json": parent.tools_json, "tools_inherited": True}
-    return {"tools_json": own, "tools_inherited": False}
 
 
 def _experts_start(plan: PromptPlan) -> int:

@@ -13,7 +13,7 @@ from proxy.engines.base import Generation, SamplingParams
 from proxy.engines.prompt_json import with_items
 from proxy.ids import random_hex
 from proxy.store.codec import IdArray
-from proxy.store.prompts import tools_json_of
+from proxy.store.prompts import tools_key_of
 from proxy.store.turn_store import ContinuedCall
 
 
@@ -52,9 +52,10 @@ class TurnRequest:
         return [canonical_json(m) for m in self.messages]
 
     @functools.cached_property
-    def tools_json(self) -> bytes | None:
-        """The tools as orjson writes them: a continuation sent with its parent's does not store them."""
-        return tools_json_of(self.tools)
+    def tools_key(self) -> bytes | None:
+        """A digest of the tools as orjson writes them: a continuation sent with its parent's does
+        not store them."""
+        return tools_key_of(self.tools)
 
     @functools.cached_property
     def history_hash(self) -> HistoryHash:
@@ -74,9 +75,9 @@ class PromptPlan:
     # The prompt's JSON items (proxy/engines/prompt_json.py), built from its context's and its added
     # ids'; None where nobody wrote them (the engine then writes the ids).
     prompt_items: bytes | None = None
-    # The JSON of the tools the call is sent with, and whether they are its parent's, written the very
-    # same: its call then does not store them again (proxy/store/prompts.py's chain_tools finds them).
-    tools_json: bytes | None = None
+    # The digest of the tools the call is sent with (tools_key_of), and whether they are its parent's,
+    # written the very same: its call then does not store them again (chain_tools finds them).
+    tools_key: bytes | None = None
     tools_inherited: bool = False
 
     def engine_prompt(self) -> IdArray:
