@@ -20,6 +20,7 @@ from pydantic_core import PydanticCustomError
 from proxy.chat.messages import HistoryHash, canonical_json
 from proxy.errors import InvalidRequest, UnsupportedParameter
 from proxy.json_limits import MAX_JSON_DEPTH, too_deep
+from proxy.store.prompts import tools_key_of
 
 # Ids and cursors a database integer can hold (SQLite INTEGER, PostgreSQL BIGINT): a larger one is a
 # 400, not an overflow inside the query.
@@ -206,8 +207,10 @@ class _Derived:
     # This request's, once derived.
     forms: MessageForms | None = None
     hash: HistoryHash | None = None
-    # The tools as plain dicts; taken from the previous request when it sent the same list.
+    # The tools as plain dicts, and their digest; taken from the previous request when it sent the
+    # same list.
     plain_tools: list[dict[str, Any]] | None = None
+    tools_key: bytes | None = None
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -266,10 +269,19 @@ class ChatCompletionRequest(SamplingRequest):
             cached.plain_tools = [tool.model_dump(exclude_none=True) for tool in self.tools]
         return cached.plain_tools
 
+    def tools_key(self) -> bytes | None:
+        """A digest of the plain tools' JSON (proxy/store/prompts.py's tools_key_of), made once for
+        a session's tool list."""
+        cached = self._cached()
+        if cached.tools_key is None:
+            cached.tools_key = tools_key_of(self.plain_tools())
+        return cached.tools_key
+
     def reuse_tools(self, earlier: ChatCompletionRequest) -> None:
         """Take the validated tools of `earlier`, which sent the very same tool list."""
         self.tools = earlier.tools
-        self._cached().plain_tools = earlier._cached().plain_tools
+        known, cached = earlier._cached(), self._cached()
+        cached.plain_tools, cached.tools_key = known.plain_tools, known.tools_key
 
     def check_supported(self) -> None:
         super().check_supported()

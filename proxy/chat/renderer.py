@@ -291,14 +291,20 @@ class Renderer:
         template_kwargs: Mapping[str, Any] | None,
         now: datetime | None,
         max_tokens: int | None = None,
+        tools_key: bytes | None = None,
     ) -> Delta:
         """Ids a render puts after an assistant turn's close for `appended`, and the generation prompt
         (PromptTooLong when they alone are more than `max_tokens`). Rendered from the stub alone where
-        proven to give the same text (proxy/chat/short_context.py), else with the whole fixed base."""
+        proven to give the same text (proxy/chat/short_context.py), else with the whole fixed base.
+        `tools_key`: a digest of the tools' JSON, when the caller has one (else one is made)."""
         if not self._close_tokens():
             raise DeltaUnavailable("the template has no token that closes an assistant turn")
         short = self.short_context
-        shape = None if short is None else short.shape(previous_assistant, appended, tools, template_kwargs)
+        shape = (
+            None
+            if short is None
+            else short.shape(previous_assistant, appended, tools, template_kwargs, tools_key)
+        )
         proven = None if short is None or shape is None else short.verdict(shape)
         if proven and short is not None:
             found = self._short_delta(

@@ -147,12 +147,16 @@ class ShortContext:
         appended: Sequence[Message],
         tools: Sequence[Mapping[str, Any]] | None,
         template_kwargs: Mapping[str, Any] | None,
+        tools_key: bytes | None = None,
     ) -> Hashable | None:
         """What a request's delta render may depend on besides message text and ids; None when the
-        template is not proven at all (or the request's tools are not plain JSON)."""
+        template is not proven at all (or the request's tools are not plain JSON). `tools_key`: a
+        digest of the tools' JSON the caller made already (a session's requests resend one list:
+        hashing tens of KB of it on every turn was a quarter of a turn's planning)."""
         if not self.proven or not all(self.renderer.verdict.continues(m.get("role", "")) for m in appended):
             return None
-        tools_json, kwargs_json = _json(tools), _json(template_kwargs)
+        tools_json = tools_key if tools_key is not None else _json(tools)
+        kwargs_json = _json(template_kwargs)
         if tools_json is None or kwargs_json is None:
             return None
         calls = tuple(c.get("function", {}).get("name") for c in previous.get("tool_calls") or ())

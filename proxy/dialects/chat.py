@@ -88,6 +88,7 @@ def _turn_request(
         messages=plain,
         known_canonical=canonical,
         known_hash=body.history_hash(),
+        known_tools_key=body.tools_key(),
         tools=tools,
         template_kwargs=body.chat_template_kwargs or None,
         sampling=params,

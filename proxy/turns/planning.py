@@ -247,6 +247,7 @@ class TurnPlanner:
                 template_kwargs=request.template_kwargs,
                 now=template_now,
                 max_tokens=self.context_length,
+                tools_key=request.tools_key,
             ),
         )
         recorded = await self._recorded(parent)

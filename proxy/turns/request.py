@@ -39,6 +39,8 @@ class TurnRequest:
     # their running hash, started from the session's previous request.
     known_canonical: list[bytes] | None = None
     known_hash: HistoryHash | None = None
+    # tools_key, when the dialect has it already (the session's previous request sent the same list).
+    known_tools_key: bytes | None = None
 
     @property
     def is_completion(self) -> bool:
@@ -54,8 +56,8 @@ class TurnRequest:
     @functools.cached_property
     def tools_key(self) -> bytes | None:
         """A digest of the tools as orjson writes them: a continuation sent with its parent's does
-        not store them."""
-        return tools_key_of(self.tools)
+        not store them, and a delta's render is proven per tool list."""
+        return self.known_tools_key if self.known_tools_key is not None else tools_key_of(self.tools)
 
     @functools.cached_property
     def history_hash(self) -> HistoryHash:
