@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -20,6 +21,8 @@ Serializer = Callable[[dict[str, Any]], bytes]
 
 SERIALIZERS: dict[str, Serializer] = {
     "orjson": orjson.dumps,
+    # What httpx's json= sends (the OpenAI and Anthropic SDKs' bodies).
+    "httpx": lambda body: httpx.Request("POST", "http://proxy/", json=body).content,
     # httpx >= 0.28 and the OpenAI SDK: compact, non-ASCII as it is.
     "compact": lambda body: json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(),
     # requests' json= and the standard library's defaults.
@@ -133,3 +136,19 @@ def test_a_resent_body_is_read_from_its_new_part_alone() -> None:
     assert latest.messages[:3] == again.messages
     assert latest.max_tokens == 9
     _same(latest, _full(third))
+
+
+@pytest.mark.parametrize("serializer", ["orjson", "httpx", "compact"])
+def test_compact_clients_take_the_shortcut(serializer: str) -> None:
+    """Bodies as compact clients write them, non-ASCII text and escapes included, are read from
+    their new part on every turn after the first."""
+    prefixes = MessagePrefixes()
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Agent. \u00e9\n\t\u001b[0m ✓"}]
+    for turn in range(4):
+        messages.append({"role": "user", "content": f'turn {turn}: «ok» "quoted"'})
+        raw = SERIALIZERS[serializer]({"model": "m", "messages": messages, "max_tokens": 8})
+        fast = prefixes._resent("s", raw) if turn else None
+        read = fast if fast is not None else prefixes.read("s", raw)
+        assert (fast is not None) == (turn > 0)
+        _same(read, _full(raw))
+        messages.append({"role": "assistant", "content": f"done {turn}"})
