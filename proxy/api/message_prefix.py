@@ -36,8 +36,8 @@ _COST_PER_ENTRY = 4096
 
 
 _MESSAGES_KEY = b'"messages":'
-# Put where a resent body's known messages are cut out: the parser keeps that list only if its first
-# item is this number, which no client can know (a list of messages holds objects anyway).
+# Put where a resent body's known messages are cut out: the list the parser then reads as the body's
+# messages must begin with this number, which no client can know (and messages are objects anyway).
 _MARKER = secrets.randbits(62)
 _MARKER_TEXT = b"%d" % _MARKER
 
