@@ -54,8 +54,16 @@ class _Known:
 
     @property
     def written(self) -> bytes:
-        """orjson's text of the raw message list."""
-        return self.text if self.list_at is None else self.text[self.list_at :] + b"]"
+        """orjson's text of the raw message list (written out from the head: a copy)."""
+        if self.list_at is None:
+            return self.text
+        # A join, not `+`: concatenating a slice of ~100 KB took ~40 us, the join ~2.
+        return b"".join((memoryview(self.text)[self.list_at :], b"]"))
+
+    @property
+    def written_size(self) -> int:
+        """The length of `written`, without writing it out."""
+        return len(self.text) if self.list_at is None else len(self.text) - self.list_at + 1
 
 
 class MessagePrefixes:
@@ -122,8 +130,9 @@ class MessagePrefixes:
         if session_id is None or type(messages) is not list or not messages:
             return None
         known = resent or self._entries.get(session_id)
+        written: bytes | None = None  # a resent body's known text: written out only if needed
         if resent is not None:
-            start, written, added = len(resent.body.messages), resent.written, messages
+            start, added = len(resent.body.messages), messages
         else:
             start, written = _known_prefix(known, messages)
             added = messages[start:]
@@ -151,21 +160,24 @@ class MessagePrefixes:
         self,
         session_id: str,
         added: list[Any],
-        prefix: bytes,
+        prefix: bytes | None,
         *,
         body: ChatCompletionRequest,
         tools: bytes | None,
         body_bytes: int,
         source: tuple[bytes | None, _Known | None],
     ) -> None:
-        """Keep the body's messages: `prefix`, the known ones' text (b"" for none), then `added`;
-        `source`: the JSON it was read from, and the known entry it starts with, if it does."""
+        """Keep the body's messages: `prefix`, the known ones' text (b"" for none; None: those of
+        `source`'s known entry), then `added`; `source`: the JSON it was read from, and the known
+        entry it starts with, if it does."""
         tail = _written(added)
         self.drop(session_id)
         if tail is None:
             return
+        text, resent = source
+        known_size = len(prefix) if prefix is not None else resent.written_size if resent else 0
         # orjson writes a list as "[" + its items joined by "," + "]".
-        size = len(prefix) + len(tail) if prefix else len(tail)
+        size = known_size + len(tail) if known_size else len(tail)
         cost = (
             _COST_PER_BODY_BYTE * max(body_bytes, size)
             + len(tools or b"")
@@ -174,12 +186,16 @@ class MessagePrefixes:
         )
         if cost > self._max_bytes // 4:
             return
-        text, resent = source
         kept = _resent_head(text, tail, resent) if text is not None and resent is not None else None
         if kept is None:
-            # A concatenation is a new object of its own length; orjson's own result is not
-            # (kept_json.py).
-            written = prefix[:-1] + b"," + tail[1:] if prefix else own_length(tail)
+            if prefix is None:
+                prefix = resent.written if resent is not None else b""
+            # A join is a new object of its own length; orjson's own result is not (kept_json.py).
+            written = (
+                b"".join((memoryview(prefix)[:-1], b",", memoryview(tail)[1:]))
+                if prefix
+                else own_length(tail)
+            )
             kept = _head(text, written) if text is not None else None
             kept = kept or (written, None)
         self._entries[session_id] = _Known(kept[0], kept[1], body, tools, cost)
@@ -228,7 +244,7 @@ def _head(raw: bytes, written: bytes) -> tuple[bytes, int | None] | None:
     key in it holds the list as orjson writes it (`written`); None otherwise (the next body is then
     parsed whole). Should that key be another than the one the parser read (nested, or one of
     duplicates), the next body's marker tells (_resent)."""
-    at = raw.find(_MESSAGES_KEY + written[:-1])
+    at = raw.find(b"".join((_MESSAGES_KEY, memoryview(written)[:-1])))
     list_at = at + len(_MESSAGES_KEY)
     end = list_at + len(written) - 1
     if at < 0 or raw[end : end + 1] != b"]":
