@@ -222,7 +222,6 @@ class TurnPlanner:
             boundary_edits=[],
             new_segment_reason=reason,
             prompt_items=items_of(prompt),
-            tools_key=request.tools_key,
         )
 
     async def _continue(
@@ -357,7 +356,6 @@ def _continuing(
         history=recorded.conversation,
         appended=list(appended),
         prompt_items=joined(context_items, items_of(added_ids)),
-        tools_key=request.tools_key,
         # Its parent's tools, written the very same? The history keys of both match already, but
         # those sort keys: the record keeps the order the client sent.
         tools_inherited=request.tools_key is not None and request.tools_key == recorded.tools_key,

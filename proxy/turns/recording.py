@@ -156,7 +156,7 @@ class TurnRecorder:
             reply,
         ]
         extends = plan.parent.id if plan.parent is not None else None
-        recorded = Recorded(context, conversation, items, tools_key=plan.tools_key)
+        recorded = Recorded(context, conversation, items, tools_key=turn.request.tools_key)
         self.contexts.put(call_id, recorded, extends=extends)
 
     def _new_call(

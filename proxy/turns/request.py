@@ -77,9 +77,8 @@ class PromptPlan:
     # The prompt's JSON items (proxy/engines/prompt_json.py), built from its context's and its added
     # ids'; None where nobody wrote them (the engine then writes the ids).
     prompt_items: bytes | None = None
-    # The digest of the tools the call is sent with (tools_key_of), and whether they are its parent's,
-    # written the very same: its call then does not store them again (chain_tools finds them).
-    tools_key: bytes | None = None
+    # Whether the request's tools are its parent's, written the very same (the same tools_key): its
+    # call then does not store them again (chain_tools finds them).
     tools_inherited: bool = False
 
     def engine_prompt(self) -> IdArray:
