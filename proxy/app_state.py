@@ -15,6 +15,7 @@ from proxy.chat.call_format import ToolParserReport
 from proxy.chat.renderer import Renderer
 from proxy.chat.token_pieces import TokenPieces
 from proxy.config import Settings
+from proxy.dialects.converted_history import ConvertedHistories
 from proxy.dialects.seals import Sealer
 from proxy.engines.base import Engine
 from proxy.engines.pool import EnginePool
@@ -42,6 +43,8 @@ class AppState:
     shared_pause: SharedPause | None = None
     # Chat histories already validated, per session: a resent history is not validated again.
     message_prefixes: MessagePrefixes = field(default_factory=MessagePrefixes)
+    # The same for the Anthropic and Responses dialects: a resent history is not converted again.
+    converted_histories: ConvertedHistories = field(default_factory=ConvertedHistories)
     # When this process started serving (Unix seconds, UTC): /v1/models' `created`.
     started_at: int = field(default_factory=lambda: int(time.time()))
 

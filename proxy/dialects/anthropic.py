@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, Response
@@ -22,6 +23,8 @@ from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice
 from proxy.dialects.anthropic_output import MessageShape
 from proxy.dialects.anthropic_stream import message_events
 from proxy.dialects.anthropic_tools import AnthropicTools
+from proxy.dialects.converted_history import ConvertedHistories, Forms, forms_of, written
+from proxy.dialects.seals import Sealer
 from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import answer_turn
 from proxy.errors import ContextLengthExceeded, InvalidRequest, UnsupportedParameter
@@ -182,6 +185,47 @@ class CountTokensRequest(BaseModel):
     output_config: Annotated[dict[str, Any] | None, Shallow] = None
 
 
+@dataclass(frozen=True)
+class _ToolsCarry:
+    """What a conversion's tool results leave for the next: the deferred tools they loaded, and the
+    tool list's JSON when they read tools' definitions (their messages then depend on it)."""
+
+    loaded: tuple[str, ...]
+    tools: bytes | None
+
+
+def message_forms(
+    histories: ConvertedHistories,
+    sealer: Sealer,
+    session: tuple[str, bool],
+    body: MessagesRequest,
+    tools: AnthropicTools,
+) -> Forms:
+    """The request's messages and their forms; the first ones taken from the session's previous
+    request when it sent the same system and messages (proxy/dialects/converted_history.py)."""
+    session_id = session[0]
+    context = None if session[1] else written(body.system)  # a new session's id is never sent again
+    if context is None:
+        return forms_of(anthropic_messages(body.system, body.messages, sealer, tools), None)
+    known = histories.find(session_id, context, body.messages)
+    if known is not None:
+        carry: _ToolsCarry = known.carry
+        if carry.tools is not None and carry.tools != written(body.tools):
+            known = None  # its tool results show definitions from another tool list
+        else:
+            tools.loaded += carry.loaded
+            tools.referenced = carry.tools is not None
+    messages = anthropic_messages(body.system, body.messages, sealer, tools, known=known)
+    forms = forms_of(messages, known)
+    tools_text = written(body.tools) if tools.referenced else None
+    if tools.referenced and tools_text is None:
+        histories.drop(session_id)  # what its definitions were read from cannot be compared
+        return forms
+    carry = _ToolsCarry(tuple(tools.loaded), tools_text)
+    histories.keep(session_id, context, body.messages, forms, (len(body.messages), len(messages), carry))
+    return forms
+
+
 @router.post("/messages", response_model=None)
 async def create_message(
     body: MessagesRequest, state: StateDep, session: SessionIdDep, http_request: Request
@@ -191,7 +235,7 @@ async def create_message(
     identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
     session_id = await retried_session(state, session, identity)
     tools = AnthropicTools.of(body.tools)
-    messages = anthropic_messages(body.system, body.messages, sealer, tools)
+    messages = message_forms(state.converted_histories, sealer, session, body, tools)
     request = turn_request(
         state,
         dialect="anthropic",

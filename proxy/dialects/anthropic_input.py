@@ -13,6 +13,7 @@ from typing import Any
 
 from proxy.chat.messages import UNVERIFIED_REASONING, Message
 from proxy.dialects.anthropic_tools import AnthropicTools
+from proxy.dialects.converted_history import Converted
 from proxy.dialects.seals import Sealer
 from proxy.errors import InvalidRequest, UnsupportedParameter
 
@@ -138,15 +139,24 @@ def _user(content: Any, tools: AnthropicTools, param: str) -> list[Message]:
 
 
 def anthropic_messages(
-    system: Any, messages: list[dict[str, Any]], sealer: Sealer, tools: AnthropicTools | None = None
+    system: Any,
+    messages: list[dict[str, Any]],
+    sealer: Sealer,
+    tools: AnthropicTools | None = None,
+    *,
+    known: Converted | None = None,
 ) -> list[Message]:
     """The conversation of a Messages request: system first, then every turn; the deferred tools its
-    tool results load are marked loaded in `tools`."""
+    tool results load are marked loaded in `tools`. With `known` (the first messages' conversion, its
+    loads already in `tools`), only the messages after those are converted."""
     tools = AnthropicTools.of(None) if tools is None else tools
     found: list[Message] = []
-    if system:
+    if known is not None:
+        found += known.messages
+    elif system:
         found.append({"role": "system", "content": blocks_text(system, "system")})
-    for index, message in enumerate(messages):
+    for index in range(known.count if known is not None else 0, len(messages)):
+        message = messages[index]
         role = message.get("role")
         param = f"messages[{index}].content"
         if role == "assistant":

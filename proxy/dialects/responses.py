@@ -21,7 +21,13 @@ from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import Shallow
 from proxy.app_state import AppState
 from proxy.chat.messages import Message
-from proxy.dialects.responses_input import chat_tool_choice, chat_tools, input_messages
+from proxy.dialects.converted_history import ConvertedHistories, Forms, forms_of, written
+from proxy.dialects.responses_input import (
+    chat_tool_choice,
+    chat_tools,
+    input_conversion,
+    input_messages,
+)
 from proxy.dialects.responses_output import ResponseShape, responses_param
 from proxy.dialects.responses_stream import response_events
 from proxy.dialects.seals import Sealer
@@ -170,14 +176,33 @@ async def _stored_conversation(state: AppState, session_id: str, response_id: st
 
 
 async def _messages(
-    state: AppState, session_id: str, body: ResponsesRequest, sealer: Sealer
-) -> list[Message]:
-    added = input_messages(None, body.input, sealer)
-    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    state: AppState, session: tuple[str, bool], session_id: str, body: ResponsesRequest
+) -> list[Message] | Forms:
     if body.previous_response_id is None:
-        return [*system, *added]
+        return input_forms(state.converted_histories, state.sealer, session, body)
+    added = input_messages(None, body.input, state.sealer)
+    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     stored = await _stored_conversation(state, session_id, body.previous_response_id)
     return [*system, *stored, *added]
+
+
+def input_forms(
+    histories: ConvertedHistories, sealer: Sealer, session: tuple[str, bool], body: ResponsesRequest
+) -> Forms:
+    """The whole input's messages (instructions first) and their forms; the first ones taken from
+    the session's previous request when it sent the same instructions and items first
+    (proxy/dialects/converted_history.py)."""
+    items = body.input
+    # A new session's id is never sent again; a string input is one message.
+    context = written(body.instructions) if not session[1] and isinstance(items, list) else None
+    if context is None or isinstance(items, str):
+        messages, _ = input_conversion(body.instructions, items, sealer)
+        return forms_of(messages, None)
+    known = histories.find(session[0], context, items)
+    messages, settled = input_conversion(body.instructions, items, sealer, known)
+    forms = forms_of(messages, known)
+    histories.keep(session[0], context, items, forms, (*settled, None))
+    return forms
 
 
 def _session(session: tuple[str, bool], body: ResponsesRequest) -> str:
@@ -207,8 +232,8 @@ async def create_response(
     else:
         session_id = await retried_session(state, session, identity)
     sealer = state.sealer
-    messages = await _messages(state, session_id, body, sealer)
-    if not messages:
+    messages = await _messages(state, session, session_id, body)
+    if not (messages.messages if isinstance(messages, Forms) else messages):
         raise InvalidRequest("input is empty", param="input")
     request = turn_request(
         state,

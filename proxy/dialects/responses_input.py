@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.chat.messages import UNVERIFIED_REASONING, Message
+from proxy.dialects.converted_history import Converted
 from proxy.dialects.seals import Sealer
 from proxy.errors import InvalidRequest, UnsupportedParameter
 
@@ -113,15 +114,33 @@ def input_messages(
     instructions: str | None, items: str | list[dict[str, Any]], sealer: Sealer
 ) -> list[Message]:
     """The conversation a Responses request describes (without any stored previous response)."""
+    return input_conversion(instructions, items, sealer)[0]
+
+
+def input_conversion(
+    instructions: str | None,
+    items: str | list[dict[str, Any]],
+    sealer: Sealer,
+    known: Converted | None = None,
+) -> tuple[list[Message], tuple[int, int]]:
+    """input_messages, and where the conversion was last settled: the items read and the messages
+    made when no assistant turn was open (no later item can change a message made before). With
+    `known` (a settled conversion of the first items), only the items after those are read."""
     turns = _Turns(sealer)
-    if instructions:
+    settled = (0, 0)
+    if known is not None:
+        turns.messages += known.messages
+        settled = (known.count, len(known.messages))
+    elif instructions:
         turns.other({"role": "system", "content": instructions})
     if isinstance(items, str):
         turns.other({"role": "user", "content": items})
-        return turns.finished()
-    for index, item in enumerate(items):
-        _add_item(turns, item, f"input[{index}]")
-    return turns.finished()
+        return turns.finished(), settled
+    for index in range(settled[0], len(items)):
+        _add_item(turns, items[index], f"input[{index}]")
+        if turns.assistant is None:
+            settled = (index + 1, len(turns.messages))
+    return turns.finished(), settled
 
 
 def _add_item(turns: _Turns, item: dict[str, Any], param: str) -> None:

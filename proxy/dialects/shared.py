@@ -10,6 +10,7 @@ from proxy.api.retries import RetryIdentity
 from proxy.app_state import AppState
 from proxy.chat.constraints import response_format_constraint, tool_choice_constraint
 from proxy.chat.messages import Message, parse_arguments
+from proxy.dialects.converted_history import Forms
 from proxy.engines.base import SamplingParams
 from proxy.engines.routed_experts import ExpertsAsk
 from proxy.errors import UnsupportedParameter
@@ -48,7 +49,7 @@ def turn_request(
     state: AppState,
     *,
     dialect: str,
-    messages: list[Message],
+    messages: list[Message] | Forms,
     tools: list[dict[str, Any]] | None,
     tool_choice: str | dict[str, Any] | None,
     template_kwargs: dict[str, Any] | None,
@@ -62,9 +63,10 @@ def turn_request(
     identity: RetryIdentity | None,
     callable_tools: list[dict[str, Any]] | None = None,
 ) -> TurnRequest:
-    """The turn core's request; `tools` and `tool_choice` in chat's shape. A forced call may name
-    any of `callable_tools` (default `tools`): Anthropic's loaded deferred tools are callable without
-    being in the prompt's tool list."""
+    """The turn core's request; `tools` and `tool_choice` in chat's shape; `messages` with their
+    canonical forms and history hash when the dialect has them (proxy/dialects/converted_history.py).
+    A forced call may name any of `callable_tools` (default `tools`): Anthropic's loaded deferred
+    tools are callable without being in the prompt's tool list."""
     sampling = SamplingParams(
         max_new_tokens=max_tokens,
         temperature=1.0 if temperature is None else temperature,
@@ -76,8 +78,11 @@ def turn_request(
             state, tool_choice, response_format, tools if callable_tools is None else callable_tools
         ),
     )
+    forms = messages if isinstance(messages, Forms) else Forms(messages, None, None)
     return TurnRequest(
-        messages=messages,
+        messages=forms.messages,
+        known_canonical=forms.canonical,
+        known_hash=forms.hash,
         tools=tools or None,
         template_kwargs=template_kwargs or None,
         sampling=sampling,

@@ -289,3 +289,33 @@ def test_count_tokens_counts_a_prompt_past_the_context(start_proxy: ProxyFactory
     assert counted.status_code == 200, counted.text
     assert counted.json()["input_tokens"] > 100
     assert refused.status_code == 400, refused.text
+
+
+def test_a_resent_history_edited_before_its_end_is_converted_anew(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, request: pytest.FixtureRequest
+) -> None:
+    """The proxy keeps a session's last converted messages (proxy/dialects/converted_history.py): a
+    history that goes on is converted from its new messages, one edited anywhere before is not."""
+    client = client_for(proxy_url, "a-edited")
+    request.addfinalizer(client.close)
+    messages: list[Any] = [{"role": "user", "content": "Define a."}]
+    for word in ("a", "b"):
+        push(engine, qwen_tokenizer, "<think>\nLook.\n</think>\n\n" + call_text("lookup", {"word": word}))
+        message = _turn(client, messages, streamed=False)
+        use = next(b for b in message.content if b.type == "tool_use")
+        messages += [
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": use.id, "content": f"{word}=1"}],
+            },
+        ]
+    assert len(segments(proxy_url, "a-edited")) == 1
+    messages[2]["content"][0]["content"] = "a=2"  # the first tool result, edited
+    push(engine, qwen_tokenizer, "Done.")
+    _turn(client, messages, streamed=False)
+    sent = qwen_tokenizer.decode(engine.requests[-1]["input_ids"], skip_special_tokens=False)
+    assert "a=2" in sent
+    assert "a=1" not in sent
+    assert "b=1" in sent
+    assert len(segments(proxy_url, "a-edited")) == 2
