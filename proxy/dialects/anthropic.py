@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, Response
@@ -19,11 +18,16 @@ from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import Shallow
 from proxy.dialects.anthropic_errors import error_body
-from proxy.dialects.anthropic_input import anthropic_messages, chat_tool_choice
+from proxy.dialects.anthropic_input import (
+    anthropic_message,
+    anthropic_messages,
+    chat_tool_choice,
+    system_messages,
+)
 from proxy.dialects.anthropic_output import MessageShape
 from proxy.dialects.anthropic_stream import message_events
 from proxy.dialects.anthropic_tools import AnthropicTools
-from proxy.dialects.converted_history import ConvertedHistories, Forms, forms_of, written
+from proxy.dialects.converted_history import ConvertedHistories, Forms, ItemByItem, item_texts
 from proxy.dialects.seals import Sealer
 from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import answer_turn
@@ -185,15 +189,6 @@ class CountTokensRequest(BaseModel):
     output_config: Annotated[dict[str, Any] | None, Shallow] = None
 
 
-@dataclass(frozen=True)
-class _ToolsCarry:
-    """What a conversion's tool results leave for the next: the deferred tools they loaded, and the
-    tool list's JSON when they read tools' definitions (their messages then depend on it)."""
-
-    loaded: tuple[str, ...]
-    tools: bytes | None
-
-
 def message_forms(
     histories: ConvertedHistories,
     sealer: Sealer,
@@ -201,28 +196,28 @@ def message_forms(
     body: MessagesRequest,
     tools: AnthropicTools,
 ) -> Forms:
-    """The request's messages and their forms; the first ones taken from the session's previous
-    request when it sent the same system and messages (proxy/dialects/converted_history.py)."""
-    session_id = session[0]
-    context = None if session[1] else written(body.system)  # a new session's id is never sent again
-    if context is None:
-        return forms_of(anthropic_messages(body.system, body.messages, sealer, tools), None)
-    known = histories.find(session_id, context, body.messages)
-    if known is not None:
-        carry: _ToolsCarry = known.carry
-        if carry.tools is not None and carry.tools != written(body.tools):
-            known = None  # its tool results show definitions from another tool list
-        else:
-            tools.loaded += carry.loaded
-            tools.referenced = carry.tools is not None
-    messages = anthropic_messages(body.system, body.messages, sealer, tools, known=known)
-    forms = forms_of(messages, known)
-    tools_text = written(body.tools) if tools.referenced else None
-    if tools.referenced and tools_text is None:
-        histories.drop(session_id)  # what its definitions were read from cannot be compared
-        return forms
-    carry = _ToolsCarry(tuple(tools.loaded), tools_text)
-    histories.keep(session_id, context, body.messages, forms, (len(body.messages), len(messages), carry))
+    """The request's messages and their forms; a message the session's previous request sent the
+    very same, at the same place, is not converted again (proxy/dialects/converted_history.py),
+    unless it read the tool list (a tool result's tool_reference blocks: they load deferred tools,
+    in order, and show the tools' definitions)."""
+    named = None if session[1] else session[0]  # a new session's id is never sent again
+    known = histories.find(named, b"")
+    texts: list[bytes | None] = (
+        item_texts(body.messages) if named is not None else [None] * len(body.messages)
+    )
+    conversion = ItemByItem(known, texts, system_messages(body.system))
+    index = 0
+    while index < len(body.messages):
+        taken = conversion.take_again(index)
+        if taken:
+            index += taken
+            continue
+        read = tools.references
+        made = anthropic_message(body.messages[index], index, sealer, tools)
+        conversion.add(index, made, reusable=tools.references == read)
+        index += 1
+    forms, made_now = conversion.finished(b"")
+    histories.keep(named, made_now)
     return forms
 
 

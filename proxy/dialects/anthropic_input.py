@@ -13,7 +13,6 @@ from typing import Any
 
 from proxy.chat.messages import UNVERIFIED_REASONING, Message
 from proxy.dialects.anthropic_tools import AnthropicTools
-from proxy.dialects.converted_history import Converted
 from proxy.dialects.seals import Sealer
 from proxy.errors import InvalidRequest, UnsupportedParameter
 
@@ -139,36 +138,37 @@ def _user(content: Any, tools: AnthropicTools, param: str) -> list[Message]:
 
 
 def anthropic_messages(
-    system: Any,
-    messages: list[dict[str, Any]],
-    sealer: Sealer,
-    tools: AnthropicTools | None = None,
-    *,
-    known: Converted | None = None,
+    system: Any, messages: list[dict[str, Any]], sealer: Sealer, tools: AnthropicTools | None = None
 ) -> list[Message]:
     """The conversation of a Messages request: system first, then every turn; the deferred tools its
-    tool results load are marked loaded in `tools`. With `known` (the first messages' conversion, its
-    loads already in `tools`), only the messages after those are converted."""
+    tool results load are marked loaded in `tools`."""
     tools = AnthropicTools.of(None) if tools is None else tools
-    found: list[Message] = []
-    if known is not None:
-        found += known.messages
-    elif system:
-        found.append({"role": "system", "content": blocks_text(system, "system")})
-    for index in range(known.count if known is not None else 0, len(messages)):
-        message = messages[index]
-        role = message.get("role")
-        param = f"messages[{index}].content"
-        if role == "assistant":
-            found.append(_assistant(message.get("content"), sealer, param))
-        elif role == "user":
-            found.extend(_user(message.get("content"), tools, param))
-        elif role == "system":
-            # Claude Code puts system messages mid-conversation, as blocks or as a string.
-            found.append({"role": "system", "content": blocks_text(message.get("content"), param)})
-        else:
-            raise InvalidRequest(f"unknown role {role!r}", param=f"messages[{index}].role")
+    found = system_messages(system)
+    for index, message in enumerate(messages):
+        found += anthropic_message(message, index, sealer, tools)
     return found
+
+
+def system_messages(system: Any) -> list[Message]:
+    """The request's system text as the conversation's first message (none without one)."""
+    return [{"role": "system", "content": blocks_text(system, "system")}] if system else []
+
+
+def anthropic_message(
+    message: dict[str, Any], index: int, sealer: Sealer, tools: AnthropicTools
+) -> list[Message]:
+    """The messages `message`, the request's `index`th, makes; a tool result's tool_reference blocks
+    load deferred tools in `tools` (the only way a message depends on the ones before it)."""
+    role = message.get("role")
+    param = f"messages[{index}].content"
+    if role == "assistant":
+        return [_assistant(message.get("content"), sealer, param)]
+    if role == "user":
+        return _user(message.get("content"), tools, param)
+    if role == "system":
+        # Claude Code puts system messages mid-conversation, as blocks or as a string.
+        return [{"role": "system", "content": blocks_text(message.get("content"), param)}]
+    raise InvalidRequest(f"unknown role {role!r}", param=f"messages[{index}].role")
 
 
 def chat_tool_choice(choice: dict[str, Any] | None) -> str | dict[str, Any] | None:

@@ -37,8 +37,8 @@ class AnthropicTools:
     by_name: dict[str, dict[str, Any]]  # every tool, deferred or not
     deferred: frozenset[str]
     loaded: list[str] = field(default_factory=list)  # deferred tools a tool_reference loaded
-    # Whether a tool_reference was read: the messages then hold tools' definitions (and loads).
-    referenced: bool = False
+    # tool_reference blocks read so far: a message that read one depends on the tool list.
+    references: int = 0
 
     @classmethod
     def of(cls, tools: list[dict[str, Any]] | None) -> AnthropicTools:
@@ -65,7 +65,7 @@ class AnthropicTools:
             raise InvalidRequest("tool_reference blocks need tool_name as a string", param=param)
         if name not in self.by_name:
             raise InvalidRequest(f"tool_reference names {name!r}, which is not among tools", param=param)
-        self.referenced = True
+        self.references += 1
         if name in self.deferred and name not in self.loaded:
             self.loaded.append(name)
         return name

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,7 +22,14 @@ from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import Shallow
 from proxy.app_state import AppState
 from proxy.chat.messages import Message
-from proxy.dialects.converted_history import ConvertedHistories, Forms, forms_of, written
+from proxy.dialects.converted_history import (
+    Converted,
+    ConvertedHistories,
+    Forms,
+    converted,
+    forms_of,
+    item_texts,
+)
 from proxy.dialects.responses_input import (
     chat_tool_choice,
     chat_tools,
@@ -189,20 +197,39 @@ async def _messages(
 def input_forms(
     histories: ConvertedHistories, sealer: Sealer, session: tuple[str, bool], body: ResponsesRequest
 ) -> Forms:
-    """The whole input's messages (instructions first) and their forms; the first ones taken from
-    the session's previous request when it sent the same instructions and items first
+    """The whole input's messages (instructions first) and their forms; the messages of the items the
+    session's previous request sent first, the very same, under the same instructions, are not made
+    again, up to the last of those items after which no assistant turn was open
     (proxy/dialects/converted_history.py)."""
     items = body.input
-    # A new session's id is never sent again; a string input is one message.
-    context = written(body.instructions) if not session[1] and isinstance(items, list) else None
-    if context is None or isinstance(items, str):
+    if session[1] or isinstance(items, str):  # a new session's id is never sent again
         messages, _ = input_conversion(body.instructions, items, sealer)
-        return forms_of(messages, None)
-    known = histories.find(session[0], context, items)
-    messages, settled = input_conversion(body.instructions, items, sealer, known)
-    forms = forms_of(messages, known)
-    histories.keep(session[0], context, items, forms, (*settled, None))
+        return forms_of(messages, [None] * len(messages), None)
+    context = orjson.dumps(body.instructions)
+    known = histories.find(session[0], context)
+    texts = item_texts(items)
+    resumed = _resumed(known, texts)
+    items_done, done = resumed if resumed is not None else (0, [])
+    messages, starts = input_conversion(body.instructions, items, sealer, resumed)
+    canonical = [*(known.canonical[: len(done)] if known else []), *([None] * (len(messages) - len(done)))]
+    forms = forms_of(messages, canonical, known)
+    every = [*(known.starts[:items_done] if known else []), *starts]
+    histories.keep(session[0], converted(forms, context, known, texts, taken=items_done, starts=every))
     return forms
+
+
+def _resumed(known: Converted | None, texts: list[bytes | None]) -> tuple[int, list[Message]] | None:
+    """The items the known request sent first, the very same, up to the last one after which no
+    assistant turn was open, and their messages; None for none."""
+    if known is None:
+        return None
+    same, end, known_texts = 0, min(len(texts), len(known.texts)), known.texts
+    while same < end and texts[same] is not None and texts[same] == known_texts[same]:
+        same += 1
+    while same > 0 and known.starts[same] is None:
+        same -= 1
+    made = known.starts[same]
+    return (same, known.messages[:made]) if same > 0 and made is not None else None
 
 
 def _session(session: tuple[str, bool], body: ResponsesRequest) -> str:

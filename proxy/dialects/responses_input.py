@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.chat.messages import UNVERIFIED_REASONING, Message
-from proxy.dialects.converted_history import Converted
 from proxy.dialects.seals import Sealer
 from proxy.errors import InvalidRequest, UnsupportedParameter
 
@@ -121,26 +120,28 @@ def input_conversion(
     instructions: str | None,
     items: str | list[dict[str, Any]],
     sealer: Sealer,
-    known: Converted | None = None,
-) -> tuple[list[Message], tuple[int, int]]:
-    """input_messages, and where the conversion was last settled: the items read and the messages
-    made when no assistant turn was open (no later item can change a message made before). With
-    `known` (a settled conversion of the first items), only the items after those are read."""
+    resumed: tuple[int, list[Message]] | None = None,
+) -> tuple[list[Message], list[int | None]]:
+    """input_messages, and for each item read, then after the last, the index of the message it
+    starts, or None where an assistant turn was open (the item may join it, and a later item may
+    join whatever it made). With `resumed`, the first items' messages (made where no assistant turn
+    was open after them): only the items after those are read."""
     turns = _Turns(sealer)
-    settled = (0, 0)
-    if known is not None:
-        turns.messages += known.messages
-        settled = (known.count, len(known.messages))
+    first = 0
+    if resumed is not None:
+        first, made = resumed
+        turns.messages += made
     elif instructions:
         turns.other({"role": "system", "content": instructions})
     if isinstance(items, str):
         turns.other({"role": "user", "content": items})
-        return turns.finished(), settled
-    for index in range(settled[0], len(items)):
+        return turns.finished(), []
+    starts: list[int | None] = []
+    for index in range(first, len(items)):
+        starts.append(None if turns.assistant is not None else len(turns.messages))
         _add_item(turns, items[index], f"input[{index}]")
-        if turns.assistant is None:
-            settled = (index + 1, len(turns.messages))
-    return turns.finished(), settled
+    starts.append(None if turns.assistant is not None else len(turns.messages))
+    return turns.finished(), starts
 
 
 def _add_item(turns: _Turns, item: dict[str, Any], param: str) -> None:

@@ -225,13 +225,51 @@ def test_a_resent_history_reuses_its_conversion_and_an_edited_one_does_not() -> 
     assert redone.messages[0]["content"] == "Go!"
 
 
-def test_new_sessions_and_unwritable_items_keep_nothing() -> None:
+def test_new_sessions_keep_nothing_and_unwritable_items_are_converted_again() -> None:
     histories = ConvertedHistories()
     message_forms(histories, SEALER, ("new", True), _anthropic(TURN[:1]), AnthropicTools.of(None))
     assert len(histories) == 0
-    huge = [{"role": "assistant", "content": [{**TURN[0]["content"][0], "input": {"n": 2**70}}]}]
-    message_forms(histories, SEALER, SESSION, _anthropic(huge), AnthropicTools.of(None))
-    assert len(histories) == 0
+    huge = {"role": "assistant", "content": [{**TURN[0]["content"][0], "input": {"n": 2**70}}]}
+    first = message_forms(histories, SEALER, SESSION, _anthropic([huge]), AnthropicTools.of(None))
+    again = message_forms(histories, SEALER, SESSION, _anthropic([huge, *TURN[1:]]), AnthropicTools.of(None))
+    assert again.messages[0] == first.messages[0]
+    assert again.messages[0] is not first.messages[0]
+
+
+def test_claude_codes_moving_cache_markers_and_system_shapes_convert_only_what_changed() -> None:
+    """Claude Code moves its cache_control marker to the newest message every turn, and sends a
+    mid-conversation system message as blocks on one turn and as a string on the next."""
+    histories = ConvertedHistories()
+    marker = {"cache_control": {"type": "ephemeral"}}
+    note = {"role": "system", "content": [{"type": "text", "text": "Reminder."}]}
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": "x = 1"}
+    first = [
+        {"role": "user", "content": "Go"},
+        note,
+        TURN[0],
+        {"role": "user", "content": [{**result, **marker}]},
+    ]
+    made = message_forms(
+        histories, SEALER, SESSION, _anthropic(first, system="Be brief."), AnthropicTools.of(None)
+    )
+    second = [
+        first[0],
+        {"role": "system", "content": "Reminder."},
+        TURN[0],
+        {"role": "user", "content": [result]},
+        TURN[0],
+        {"role": "user", "content": [{**result, **marker}]},
+    ]
+    body = _anthropic(second, system="Be brief.")
+    again = message_forms(histories, SEALER, SESSION, body, AnthropicTools.of(None))
+    assert again.messages == anthropic_messages(body.system, body.messages, SEALER)
+    # The system text and the unchanged messages are taken again; the changed ones are made anew.
+    taken = [a is b for a, b in zip(again.messages, made.messages, strict=False)]
+    assert taken == [False, True, False, True, False]
+    assert again.canonical is not None
+    assert made.canonical is not None
+    assert again.canonical[: len(made.canonical)] == made.canonical
+    _checked(again, None)
 
 
 def test_a_loaded_deferred_tool_stays_loaded_and_its_definitions_follow_the_tool_list() -> None:
