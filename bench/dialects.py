@@ -1,5 +1,6 @@
 """The proxy's CPU per turn of a 64-turn tool conversation in each wire format: chat, Anthropic
-Messages and Responses, the same conversation (each tool result ~500 tokens, turn 64 at ~32k tokens).
+Messages (as Claude Code sends it: its cache marker moves to the newest message every turn) and
+Responses, the same conversation (each tool result ~500 tokens, turn 64 at ~32k tokens).
 
 A harness resends its whole history on every turn, in its own format: what the proxy does with it
 (reading the body, converting it to messages, keying the history) is where a format can cost more
@@ -31,6 +32,7 @@ TURNS = 64
 RESULT_LINES = 21
 SYSTEM = "You are a coding agent."
 TASK = "Fix the bug."
+MARKER = {"type": "ephemeral"}
 SCHEMA = cast(dict[str, Any], TOOLS[0]["function"])["parameters"]  # read_file's, in each format
 
 
@@ -61,11 +63,16 @@ def _chat(client: httpx.Client, session: str) -> list[float]:
 
 
 def _anthropic(client: httpx.Client, session: str) -> list[float]:
+    """As Claude Code sends it: system blocks, and a cache marker on the newest message's last block
+    only (it moves every turn)."""
     tools = [{"name": "read_file", "input_schema": SCHEMA}]
-    messages: list[Any] = [{"role": "user", "content": TASK}]
+    system = [{"type": "text", "text": SYSTEM, "cache_control": MARKER}]
+    messages: list[Any] = [{"role": "user", "content": [{"type": "text", "text": TASK}]}]
     times = []
     for turn in range(TURNS):
-        body = {"model": "m", "max_tokens": 256, "system": SYSTEM, "messages": messages, "tools": tools}
+        *blocks, newest = messages[-1]["content"]
+        marked = [*messages[:-1], {**messages[-1], "content": [*blocks, {**newest, "cache_control": MARKER}]}]
+        body = {"model": "m", "max_tokens": 256, "system": system, "messages": marked, "tools": tools}
         answer, elapsed = _post(client, f"/sessions/{session}/v1/messages", body)
         use = next(block for block in answer["content"] if block["type"] == "tool_use")
         result = tool_result(RESULT_LINES, f"{session}-{turn}")
