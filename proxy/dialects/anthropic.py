@@ -189,6 +189,11 @@ class CountTokensRequest(BaseModel):
     output_config: Annotated[dict[str, Any] | None, Shallow] = None
 
 
+# What a Messages request's items are converted under (no more than the dialect: the system text is
+# the first message, made anew every time); another dialect's entry for the session is never taken.
+_CONTEXT = b"anthropic"
+
+
 def message_forms(
     histories: ConvertedHistories,
     sealer: Sealer,
@@ -201,7 +206,7 @@ def message_forms(
     unless it read the tool list (a tool result's tool_reference blocks: they load deferred tools,
     in order, and show the tools' definitions)."""
     named = None if session[1] else session[0]  # a new session's id is never sent again
-    known = histories.find(named, b"")
+    known = histories.find(named, _CONTEXT)
     texts: list[bytes | None] = (
         item_texts(body.messages) if named is not None else [None] * len(body.messages)
     )
@@ -216,7 +221,7 @@ def message_forms(
         made = anthropic_message(body.messages[index], index, sealer, tools)
         conversion.add(index, made, reusable=tools.references == read)
         index += 1
-    forms, made_now = conversion.finished(b"")
+    forms, made_now = conversion.finished(_CONTEXT)
     histories.keep(named, made_now)
     return forms
 

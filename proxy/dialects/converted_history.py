@@ -37,7 +37,7 @@ _COST_PER_ENTRY = 4096
 class Converted:
     """A session's last request, converted."""
 
-    context: bytes  # what its conversion read besides the items (the dialect's; b"" for none)
+    context: bytes  # the dialect and what its conversion read besides the items
     texts: list[bytes | None]  # each item as orjson writes it (None: it cannot be written)
     # Per item, the index of its first message, and after the last item the messages' count; None
     # where no message starts with the item (it joined an open assistant turn).

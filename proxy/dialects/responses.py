@@ -205,7 +205,7 @@ def input_forms(
     if session[1] or isinstance(items, str):  # a new session's id is never sent again
         messages, _ = input_conversion(body.instructions, items, sealer)
         return forms_of(messages, [None] * len(messages), None)
-    context = orjson.dumps(body.instructions)
+    context = b"responses " + orjson.dumps(body.instructions)  # another dialect's entry never matches
     known = histories.find(session[0], context)
     texts = item_texts(items)
     resumed = _resumed(known, texts)

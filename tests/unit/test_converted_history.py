@@ -356,3 +356,18 @@ def test_an_entrys_estimated_cost_covers_the_memory_it_holds(turns: int, result:
     finally:
         tracemalloc.stop()
     assert held <= histories.bytes <= 3 * held
+
+
+def test_a_session_sent_in_both_dialects_never_takes_the_others_conversion() -> None:
+    histories = ConvertedHistories()
+    messages: list[Any] = [{"role": "user", "content": "Go"}, *TURN]
+    items: list[Any] = [{"role": "user", "content": "Go"}, {"role": "user", "content": "On"}]
+    for _ in range(2):
+        body = _anthropic(messages)
+        forms = message_forms(histories, SEALER, SESSION, body, AnthropicTools.of(None))
+        assert forms.messages == anthropic_messages(None, messages, SEALER)
+        request = ResponsesRequest.model_validate({"model": "m", "input": items})
+        assert input_forms(histories, SEALER, SESSION, request).messages == input_messages(
+            None, items, SEALER
+        )
+        messages, items = [*messages, *TURN], [*items, {"role": "user", "content": "More"}]
