@@ -17,7 +17,6 @@ same bytes the same way), so only the rest is parsed: the body with those messag
 from __future__ import annotations
 
 import secrets
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +25,7 @@ from pydantic import ValidationError
 
 from proxy.api.schemas import ChatCompletionRequest
 from proxy.kept_json import own_length
+from proxy.recent_entries import RecentEntries
 
 # What an entry holds, per byte of its request's JSON and per message: the validated models, the
 # plain and canonical forms and the messages' text take ~2-4x the JSON of a long history and ~1.5-2 KiB
@@ -50,7 +50,6 @@ class _Known:
     list_at: int | None
     body: ChatCompletionRequest  # the request that sent them, validated
     tools: bytes | None  # orjson's text of its raw tool list (None: none sent, or not writable)
-    cost: int  # the memory it holds, estimated high
 
     @property
     def written(self) -> bytes:
@@ -66,18 +65,12 @@ class _Known:
         return len(self.text) if self.list_at is None else len(self.text) - self.list_at + 1
 
 
-class MessagePrefixes:
+class MessagePrefixes(RecentEntries[str, _Known]):
     """The last request's messages of recent sessions, least recently used out first, within
     `max_entries` sessions and about `max_bytes` of memory (`bytes`: the entries' estimated cost)."""
 
     def __init__(self, max_entries: int = 4096, max_bytes: int = 128 * 1024 * 1024) -> None:
-        self._max_entries = max_entries
-        self._max_bytes = max_bytes
-        self.bytes = 0
-        self._entries: OrderedDict[str, _Known] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        super().__init__(max_entries, max_bytes, largest_share=4)
 
     def read(self, session_id: str | None, raw: bytes) -> Any:
         """The JSON body `raw` validated (a ChatCompletionRequest), reusing the session's known
@@ -92,7 +85,7 @@ class MessagePrefixes:
     def _resent(self, session_id: str | None, raw: bytes) -> ChatCompletionRequest | None:
         """The body validated from its new messages alone, when it starts with the very bytes of the
         session's known ones and more messages follow; None to parse it whole."""
-        known = self._entries.get(session_id) if session_id is not None else None
+        known = self.get(session_id) if session_id is not None else None
         if known is None or known.list_at is None:
             return None
         end = len(known.text)
@@ -129,7 +122,7 @@ class MessagePrefixes:
         messages = data.get("messages") if isinstance(data, dict) else None
         if session_id is None or type(messages) is not list or not messages:
             return None
-        known = resent or self._entries.get(session_id)
+        known = resent or self.get(session_id)
         written: bytes | None = None  # a resent body's known text: written out only if needed
         if resent is not None:
             start, added = len(resent.body.messages), messages
@@ -184,8 +177,8 @@ class MessagePrefixes:
             + _COST_PER_MESSAGE * len(body.messages)
             + _COST_PER_ENTRY
         )
-        if cost > self._max_bytes // 4:
-            return
+        if cost > self.max_bytes // 4:
+            return  # not kept (RecentEntries would refuse it too): spares writing its text out
         kept = _resent_head(text, tail, resent) if text is not None and resent is not None else None
         if kept is None:
             if prefix is None:
@@ -198,15 +191,7 @@ class MessagePrefixes:
             )
             kept = _head(text, written) if text is not None else None
             kept = kept or (written, None)
-        self._entries[session_id] = _Known(kept[0], kept[1], body, tools, cost)
-        self.bytes += cost
-        while self.bytes > self._max_bytes or len(self._entries) > self._max_entries:
-            self.drop(next(iter(self._entries)))
-
-    def drop(self, session_id: str) -> None:
-        old = self._entries.pop(session_id, None)
-        if old is not None:
-            self.bytes -= old.cost
+        self.put(session_id, _Known(kept[0], kept[1], body, tools), cost)
 
 
 def _tools_written(data: dict[str, Any], known: _Known | None) -> tuple[bytes | None, bool]:

@@ -16,7 +16,6 @@ goes on from the previous request's when the canonical forms start with all of i
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ import orjson
 
 from proxy.chat.messages import HistoryHash, Message, canonical_json
 from proxy.kept_json import own_length
+from proxy.recent_entries import RecentEntries
 
 # What an entry holds besides its items' text, estimated high (the messages share their strings
 # with the request that made them; the canonical forms are about the items' size again).
@@ -175,41 +175,22 @@ def _starts_with(parts: list[bytes], prefix: list[bytes]) -> bool:
     return len(parts) >= len(prefix) and all(a is b or a == b for a, b in zip(parts, prefix, strict=False))
 
 
-class ConvertedHistories:
+class ConvertedHistories(RecentEntries[str, Converted]):
     """The last request's conversion of recent sessions, least recently used out first, within
     `max_entries` sessions and about `max_bytes` of memory (`bytes`: the entries' estimated cost)."""
 
     def __init__(self, max_entries: int = 4096, max_bytes: int = 128 * 1024 * 1024) -> None:
-        self._max_entries = max_entries
-        self._max_bytes = max_bytes
-        self.bytes = 0
-        self._entries: OrderedDict[str, tuple[Converted, int]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        super().__init__(max_entries, max_bytes, largest_share=4)
 
     def find(self, session_id: str | None, context: bytes) -> Converted | None:
         """The session's last conversion, if it was made under the same context."""
-        found = self._entries.get(session_id) if session_id is not None else None
-        if found is None or found[0].context != context:
-            return None
-        return found[0]
+        found = self.get(session_id) if session_id is not None else None
+        return found if found is not None and found.context == context else None
 
     def keep(self, session_id: str | None, converted: Converted) -> None:
         """Remember the session's request's conversion (none for a session never named again)."""
         if session_id is None:
             return
-        self.drop(session_id)
         size = len(converted.context) + sum(len(text) for text in converted.texts if text is not None)
         cost = _COST_PER_ITEM_BYTE * size + _COST_PER_MESSAGE * len(converted.messages) + _COST_PER_ENTRY
-        if cost > self._max_bytes // 4:
-            return
-        self._entries[session_id] = (converted, cost)
-        self.bytes += cost
-        while self.bytes > self._max_bytes or len(self._entries) > self._max_entries:
-            self.drop(next(iter(self._entries)))
-
-    def drop(self, session_id: str) -> None:
-        old = self._entries.pop(session_id, None)
-        if old is not None:
-            self.bytes -= old[1]
+        self.put(session_id, converted, cost)

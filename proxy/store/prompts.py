@@ -11,7 +11,6 @@ the cache as a whole stays within 128 MiB and 50,000 entries (least recently use
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -19,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
+from proxy.recent_entries import RecentEntries
 from proxy.store.codec import IdArray, unpack_ids
 
 
@@ -89,46 +89,36 @@ class ContextCache:
     is rebuilt from the database when its branch continues."""
 
     def __init__(self, max_bytes: int = 128 * 1024 * 1024, max_entries: int = 50_000) -> None:
-        self._max_bytes = max_bytes
-        self._max_entries = max_entries
-        self.bytes = 0
-        self._entries: OrderedDict[int, tuple[Recorded, int]] = OrderedDict()
+        self._entries: RecentEntries[int, Recorded] = RecentEntries(max_entries, max_bytes)
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def bytes(self) -> int:
+        return self._entries.bytes
+
     def sizes(self) -> list[int]:
-        return [size for _, size in self._entries.values()]
+        return self._entries.costs()
 
     def get(self, call_id: int) -> Recorded | None:
-        found = self._entries.get(call_id)
-        if found is None:
-            return None
-        self._entries.move_to_end(call_id)
-        return found[0]
+        """The context recorded for the call, now the most recent."""
+        return self._entries.get(call_id, touch=True)
 
     def put(self, call_id: int, recorded: Recorded, *, extends: int | None = None) -> None:
         """Keep `recorded`; `extends`: a cached call whose conversation it continues, so that only
         the new messages are measured (a turn then costs the same at turn 1 and turn 100)."""
-        base = self._entries.get(extends) if extends is not None else None
+        base = self._entries.entry(extends) if extends is not None else None
         if base is not None and len(recorded.conversation) >= len(base[0].conversation):
             known = len(base[0].conversation)
             size = base[1] - base[0].nbytes + recorded.nbytes
             size += text_chars(recorded.conversation[known:])
         else:
             size = recorded.nbytes + text_chars(recorded.conversation)
-        self.drop(call_id)
-        if size > self._max_bytes:
-            return  # larger than the whole budget: rebuilt when needed, never kept
-        self._entries[call_id] = (recorded, size)
-        self.bytes += size
-        while self.bytes > self._max_bytes or len(self._entries) > self._max_entries:
-            self.drop(next(iter(self._entries)))
+        self._entries.put(call_id, recorded, size)  # larger than the whole budget: not kept
 
     def drop(self, call_id: int) -> None:
-        old = self._entries.pop(call_id, None)
-        if old is not None:
-            self.bytes -= old[1]
+        self._entries.drop(call_id)
 
 
 def text_chars(messages: Sequence[dict[str, Any]]) -> int:
