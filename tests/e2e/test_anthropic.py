@@ -319,3 +319,41 @@ def test_a_resent_history_edited_before_its_end_is_converted_anew(
     assert "a=1" not in sent
     assert "b=1" in sent
     assert len(segments(proxy_url, "a-edited")) == 2
+
+
+def test_claude_codes_moving_cache_marker_and_system_shapes_keep_one_exact_segment(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, request: pytest.FixtureRequest
+) -> None:
+    """As Claude Code sends its history: the cache marker on the newest message only (taken off the
+    one before), and a mid-conversation system message as blocks on one turn and as a string on the
+    next. The proxy converts only what changed (proxy/dialects/converted_history.py); the record is
+    one segment whose every token is the one sampled or rendered."""
+    client = client_for(proxy_url, "a-moving")
+    request.addfinalizer(client.close)
+    marker: Any = {"type": "ephemeral"}
+    outputs = [
+        push(engine, qwen_tokenizer, "<think>\nLook.\n</think>\n\n" + call_text("lookup", {"word": w}))
+        for w in ("a", "b")
+    ]
+    outputs.append(push(engine, qwen_tokenizer, "<think>\nDone.\n</think>\n\nBoth found."))
+    note = "Reminder: be brief."
+    history: list[Any] = [{"role": "user", "content": [{"type": "text", "text": "Define a and b."}]}]
+    for turn in range(3):
+        *blocks, newest = history[-1]["content"]
+        shown = [*history[:-1], {**history[-1], "content": [*blocks, {**newest, "cache_control": marker}]}]
+        shown.insert(1, {"role": "system", "content": [{"type": "text", "text": note}] if turn % 2 else note})
+        message = _turn(client, shown, streamed=False)
+        history.append(
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]}
+        )
+        uses = [b for b in message.content if b.type == "tool_use"]
+        if uses:
+            history.append(
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "found"}],
+                }
+            )
+    [segment] = segments(proxy_url, "a-moving")
+    assert segment["num_calls"] == 3
+    assert_invariants(segment, engine.requests, outputs)
