@@ -13,7 +13,6 @@ Run: .venv/bin/python -m bench.conversion [--rounds 15]
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from bench.harness import tool_result
+from bench.harness import keep_results, tool_result
 from proxy.chat.messages import HistoryHash, canonical_json
 from proxy.dialects.anthropic import MessagesRequest, message_forms
 from proxy.dialects.anthropic_input import anthropic_messages
@@ -155,9 +154,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"))
     args = parser.parse_args()
     results = measure(args.rounds)
-    existing = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    existing["conversion"] = results
-    args.out.write_text(json.dumps(existing, indent=2) + "\n")
+    keep_results(args.out, "conversion", results)
     for shape in ("anthropic", "anthropic_moving_marker", "responses"):
         for way, row in results[shape].items():
             print(

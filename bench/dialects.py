@@ -15,7 +15,6 @@ Run: .venv/bin/python -m bench.dialects [--sessions 4]
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -26,7 +25,7 @@ from typing import Any, cast
 import httpx
 import orjson
 
-from bench.harness import TOOLS, cpu_seconds, running_stack, tool_result
+from bench.harness import TOOLS, cpu_seconds, keep_results, running_stack, tool_result
 
 TURNS = 64
 RESULT_LINES = 21
@@ -148,9 +147,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"))
     args = parser.parse_args()
     results = measure(args.sessions)
-    existing = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    existing["dialects"] = results
-    args.out.write_text(json.dumps(existing, indent=2) + "\n")
+    keep_results(args.out, "dialects", results)
     print(f"{'format':>10}  {'CPU/turn':>9}  {'turn 1 p50':>10}  {'turns 60-64 p50':>15}")
     for name, row in results["formats"].items():
         print(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import statistics
@@ -184,3 +185,10 @@ class PairedRounds:
                 "proxy_p99_ms": round(percentile(proxy_ms, 99), 3),
             }
         return rows
+
+
+def keep_results(out: Path, key: str, results: dict[str, Any]) -> None:
+    """`results` under `key` in the results file `out`, the other benchmarks' kept as they are."""
+    existing = json.loads(out.read_text()) if out.is_file() else {}
+    existing[key] = results
+    out.write_text(json.dumps(existing, indent=2) + "\n")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import io
-import json
 import os
 import sqlite3
 import tempfile
@@ -27,7 +26,7 @@ import httpx
 import orjson
 import pyarrow.compute as pc
 
-from bench.harness import TOOLS, rss_mib, running_stack, tool_result
+from bench.harness import TOOLS, keep_results, rss_mib, running_stack, tool_result
 
 TURNS = 64
 MIN_TIMED_S = 2.0  # each export is repeated for this long: enough ticks of process CPU time
@@ -181,10 +180,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"))
     args = parser.parse_args()
     results = measure(args.sessions)
-    existing = json.loads(args.out.read_text()) if args.out.is_file() else {}
     # Run on its own, this module's figures carry their own date (the table says so).
-    existing["storage_export"] = {"measured_at": datetime.now(UTC).isoformat(timespec="seconds"), **results}
-    args.out.write_text(json.dumps(existing, indent=2) + "\n")
+    measured_at = datetime.now(UTC).isoformat(timespec="seconds")
+    keep_results(args.out, "storage_export", {"measured_at": measured_at, **results})
     for key, value in results.items():
         print(f"{key:>32}  {value}")
 

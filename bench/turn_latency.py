@@ -19,7 +19,6 @@ Run: .venv/bin/python -m bench.turn_latency [--sessions 10] [--turns 64]
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.harness import TOOLS, PairedRounds, running_stack, tool_result
+from bench.harness import TOOLS, PairedRounds, keep_results, running_stack, tool_result
 
 RESULT_LINES = 21  # ~500 tokens per tool result: turn 64 carries ~32k tokens
 # Bodies are made before the clock starts, on both sides: httpx's own JSON of a 33k-id prompt takes
@@ -114,9 +113,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"))
     args = parser.parse_args()
     results = measure(args.sessions, args.turns, (1, args.turns))
-    existing = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    existing["turn_latency"] = results
-    args.out.write_text(json.dumps(existing, indent=2) + "\n")
+    keep_results(args.out, "turn_latency", results)
     header = ("turn", "prompt tok", "direct p50", "proxy p50", "added p50", "proxy p99")
     print("  ".join(f"{h:>10}" for h in header))
     for turn, row in results["turns"].items():
