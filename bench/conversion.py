@@ -86,8 +86,6 @@ def _responses_bodies() -> list[bytes]:
 
 
 def _keyed(forms: Forms) -> None:
-    assert forms.canonical is not None
-    assert forms.hash is not None
     forms.hash.key(len(forms.canonical), None, None, None)
 
 

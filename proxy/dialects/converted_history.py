@@ -50,12 +50,11 @@ class Converted:
 
 @dataclass(frozen=True)
 class Forms:
-    """A request's messages with their canonical forms and running hash, as TurnRequest takes them
-    (None: derived by the turn core)."""
+    """A request's messages with their canonical forms and running hash, as TurnRequest takes them."""
 
     messages: list[Message]
-    canonical: list[bytes] | None
-    hash: HistoryHash | None
+    canonical: list[bytes]
+    hash: HistoryHash
 
 
 def item_texts(items: Sequence[Any]) -> list[bytes | None]:
@@ -129,8 +128,6 @@ class ItemByItem:
     def finished(self, context: bytes) -> tuple[Forms, Converted]:
         """The request's forms, and its conversion as the session's next request may use it."""
         forms = forms_of(self.messages, self.canonical, self.known)
-        assert forms.canonical is not None
-        assert forms.hash is not None
         starts = [*self.starts, len(self.messages)]
         made = Converted(
             context, self.kept, starts, self.reusable, forms.messages, forms.canonical, forms.hash
@@ -154,9 +151,8 @@ def converted(
         *(known.texts[:taken] if known is not None else []),
         *(own_length(t) if t is not None else None for t in texts[taken:]),
     ]
-    assert forms.canonical is not None
-    assert forms.hash is not None
-    reusable = [True] * len(texts)
+    # Never one by one: items join the assistant turn before them (only a leading run is taken).
+    reusable = [False] * len(texts)
     return Converted(context, kept, starts, reusable, forms.messages, forms.canonical, forms.hash)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from proxy.api.retries import RetryIdentity
 from proxy.app_state import AppState
 from proxy.chat.constraints import response_format_constraint, tool_choice_constraint
-from proxy.chat.messages import Message, parse_arguments
+from proxy.chat.messages import HistoryHash, Message, parse_arguments
 from proxy.dialects.converted_history import Forms
 from proxy.engines.base import SamplingParams
 from proxy.engines.routed_experts import ExpertsAsk
@@ -78,11 +78,14 @@ def turn_request(
             state, tool_choice, response_format, tools if callable_tools is None else callable_tools
         ),
     )
-    forms = messages if isinstance(messages, Forms) else Forms(messages, None, None)
+    canonical: list[bytes] | None = None
+    history: HistoryHash | None = None
+    if isinstance(messages, Forms):
+        canonical, history, messages = messages.canonical, messages.hash, messages.messages
     return TurnRequest(
-        messages=forms.messages,
-        known_canonical=forms.canonical,
-        known_hash=forms.hash,
+        messages=messages,
+        known_canonical=canonical,
+        known_hash=history,
         tools=tools or None,
         template_kwargs=template_kwargs or None,
         sampling=sampling,
