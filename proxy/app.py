@@ -79,7 +79,13 @@ class ObservedApp(FastAPI):
     """The app with request ids outermost: even a 500 answered by Starlette itself carries one."""
 
     def build_middleware_stack(self) -> ASGIApp:
-        return RequestIdMiddleware(super().build_middleware_stack())
+        return RequestIdMiddleware(super().build_middleware_stack(), also_named=_anthropic_id_header)
+
+
+def _anthropic_id_header(path: str) -> bytes | None:
+    """Anthropic's API names its request in `request-id`, which its SDKs read into `_request_id` and
+    an error's `request_id`."""
+    return b"request-id" if is_anthropic_path(path) else None
 
 
 def _named_model(reported: str) -> str | None:
@@ -400,10 +406,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         metrics.failed(exc.status_code, None, False)
         headers = dict(exc.headers or {})
         if is_anthropic_path(request.url.path):
-            request_id = context.request_id.get()
-            if request_id is not None:
-                headers["request-id"] = request_id
-            anthropic = anthropic_error_body(exc.status_code, str(exc.detail), request_id)
+            anthropic = anthropic_error_body(exc.status_code, str(exc.detail), context.request_id.get())
             return JSONResponse(anthropic, status_code=exc.status_code, headers=headers)
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         body = with_request_id(

@@ -32,7 +32,6 @@ from proxy.dialects.seals import Sealer
 from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import answer_turn
 from proxy.errors import ContextLengthExceeded, InvalidRequest, UnsupportedParameter
-from proxy.observe import context
 
 
 async def _app_answer(request: Request, exc: Exception) -> Response:
@@ -60,11 +59,8 @@ class AnthropicRoute(HarnessRoute):
                 body = error_body(answer.status_code, error["message"], error.get("request_id"))
                 headers = {k: v for k, v in answer.headers.items() if k.lower() == "retry-after"}
                 response = JSONResponse(body, status_code=answer.status_code, headers=headers)
-            # Anthropic's API names its request in `request-id`, which its SDKs read into
-            # `_request_id` and an error's `request_id`; x-request-id is set as on every route.
-            rid = context.request_id.get()
-            if rid is not None:
-                response.headers["request-id"] = rid
+            # `request-id`, which Anthropic's SDKs read, is set with x-request-id on every answer
+            # (proxy/observe/request_ids.py).
             return response
 
         return in_anthropic_shape

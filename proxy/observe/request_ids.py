@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -36,10 +37,13 @@ def session_of(path: str, headers: dict[bytes, bytes]) -> str | None:
 
 
 class RequestIdMiddleware:
-    """Outermost layer, so that even a 500 answered by Starlette carries the id."""
+    """Outermost layer, so that every answer carries the id, even a 500 answered by Starlette or a
+    413 from the body cap. `also_named`: the other header a path's clients read the id from, if any
+    (Anthropic's SDKs read `request-id`)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, also_named: Callable[[str], bytes | None] = lambda _: None) -> None:
         self.app = app
+        self.also_named = also_named
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -50,12 +54,13 @@ class RequestIdMiddleware:
         context.request_id.set(rid)
         context.session_id.set(session_of(scope["path"], headers))
         raw = rid.encode()
+        names = (HEADER,) if (other := self.also_named(scope["path"])) is None else (HEADER, other)
 
         async def send_with_id(message: Any) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [
-                    *(h for h in message.get("headers", []) if h[0].lower() != HEADER),
-                    (HEADER, raw),
+                    *(h for h in message.get("headers", []) if h[0].lower() not in names),
+                    *((name, raw) for name in names),
                 ]
             await send(message)
 

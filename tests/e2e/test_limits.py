@@ -113,14 +113,26 @@ def test_a_body_over_the_limit_is_a_413_in_the_envelope(small_limit_url: str) ->
     assert "4096" in error["message"]
 
 
-def test_a_body_over_the_limit_on_the_anthropic_routes_is_in_anthropics_shape(small_limit_url: str) -> None:
+def _in_chunks(body: bytes) -> Iterator[bytes]:
+    for start in range(0, len(body), 1000):
+        yield body[start : start + 1000]
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_over_the_limit_on_the_anthropic_routes_is_in_anthropics_shape(
+    small_limit_url: str, chunked: bool
+) -> None:
+    """Refused before any route runs, still named in `request-id`, the header Anthropic's SDKs read."""
     for route in ("/v1/messages", "/sessions/s/v1/messages/count_tokens"):
+        body = _big_body(10_000)
         response = httpx.post(
             f"{small_limit_url}{route}",
-            content=_big_body(10_000),
+            content=_in_chunks(body) if chunked else body,
             headers={"content-type": "application/json", "x-request-id": "big-1"},
         )
         assert response.status_code == 413
+        assert response.headers["request-id"] == "big-1"
+        assert response.headers["x-request-id"] == "big-1"
         assert response.json() == {
             "type": "error",
             "error": {
@@ -133,14 +145,9 @@ def test_a_body_over_the_limit_on_the_anthropic_routes_is_in_anthropics_shape(sm
 
 
 def test_a_chunked_body_over_the_limit_is_a_413(small_limit_url: str) -> None:
-    def chunks() -> Iterator[bytes]:
-        body = _big_body(100_000)
-        for start in range(0, len(body), 1000):
-            yield body[start : start + 1000]
-
     response = httpx.post(
         f"{small_limit_url}/v1/chat/completions",
-        content=chunks(),
+        content=_in_chunks(_big_body(100_000)),
         headers={"content-type": "application/json"},
     )
     assert "content-length" not in response.request.headers  # sent chunked
