@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any, NamedTuple, cast
 
 import orjson
@@ -44,6 +45,7 @@ from proxy.errors import Conflict, ProxyError, RecordFailed, SessionFinished
 from proxy.store.database import database_error, is_database_failure, sqlite_pragmas
 from proxy.store.models import WEIGHT_VERSION_KEY, CallRow, SegmentRow, SessionRow, SettingRow
 from proxy.store.repository import utcnow
+from proxy.store.wal_room import WAL_ROOM_BYTES, make_wal_room
 
 log = logging.getLogger("tito_proxy.store")
 
@@ -551,6 +553,8 @@ class SqliteTurnStore(TurnStore):
         self._write_raw = cast(sqlite3.Connection, self._write_db.connection.dbapi_connection)
         # Checkpoints are the checkpointer's (below); a commit never runs one.
         self._write_raw.execute("PRAGMA wal_autocheckpoint=0")
+        if sync_url.database and sync_url.database != ":memory:":
+            make_wal_room(self._write_raw, Path(f"{sync_url.database}-wal"), WAL_ROOM_BYTES)
         self._write_lock = threading.Lock()
         self._commit_s = 0.0  # seconds a commit takes, smoothed over the recent ones
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
