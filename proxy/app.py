@@ -69,6 +69,7 @@ from proxy.store.database import (
 from proxy.store.models import REASONING_SECRET_KEY
 from proxy.store.repository import Repository, first_setting, utcnow
 from proxy.store.stores import open_turn_store
+from proxy.trainer_version import TrainerVersion
 from proxy.turns import TurnRunner
 from proxy.weight_sync import PauseGate
 
@@ -149,6 +150,9 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         db_sessions = session_factory(db_engine)
         turn_store = open_turn_store(settings.db, db_engine)
         turn_store.on_commit = metrics.committed
+        # Read with every turn's start, and again at a call's dispatch after a pause or a resume.
+        trainer_version = TrainerVersion(turn_store.trainer_version, inference.gate)
+        inference.trainer_version = trainer_version
         app.state.proxy = AppState(
             settings=settings,
             engine=inference,
@@ -162,6 +166,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
                 context_length=context_length,
                 parser=parser,
                 history_mode=settings.history_mode,
+                trainer_version=trainer_version,
             ),
             model_name=model_name,
             context_length=context_length,
@@ -172,7 +177,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         )
         app.state.proxy.turns.metrics = metrics
         # Until the trainer sets one, calls whose answer names no version get the engine's at start.
-        app.state.proxy.turns.trainer_weight_version = engine_version
+        app.state.proxy.turns.trainer_version.fallback = engine_version
         sweeper = asyncio.create_task(_finish_idle_sessions(app.state.proxy))
         background = [sweeper]
         if _shared_database(settings):

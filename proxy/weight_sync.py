@@ -25,6 +25,8 @@ class PauseGate:
         self._open.set()
         self.paused_since: float | None = None
         self.pauses = 0  # how many pauses began: an attempt that saw one was aborted by a sync
+        # Pauses and resumes so far: a value read while this is unchanged was read since the last one.
+        self.changes = 0
         self.in_flight = 0
         self.waiting = 0
         self.resumed_generations = 0
@@ -36,10 +38,13 @@ class PauseGate:
     def pause(self) -> None:
         if not self.paused:
             self.pauses += 1
+            self.changes += 1
             self.paused_since = time.time()
             self._open.clear()
 
     def resume(self) -> None:
+        if self.paused:
+            self.changes += 1
         self.paused_since = None
         self._open.set()
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, cast
 
 _NUMBER = re.compile(r"^[+-]?\d+(\.\d+)?$")
 _DIGITS = re.compile(r"(\d+)")
@@ -33,22 +34,64 @@ def version_range(versions: Iterable[str | None]) -> tuple[str | None, str | Non
     return (known[0], known[-1]) if known else (None, None)
 
 
+# vLLM's label for weights loaded without a name: it names no version.
+UNNAMED = "default"
+
+
+def named(version: object) -> str | None:
+    """A version label as recorded: None where the engine named none."""
+    return None if version is None or version == UNNAMED else str(version)
+
+
+def labelled(spans: list[dict[str, object]], label: str | None) -> list[dict[str, object]]:
+    """`spans` with the versions the engine left unnamed given `label` (the trainer's at the
+    dispatch that sampled them), and neighbours of one version joined."""
+    joined: list[dict[str, object]] = []
+    for span in spans:
+        version = named(span.get("version")) or label
+        last = joined[-1] if joined else None
+        if last is not None and last["version"] == version and last["end"] == span["start"]:
+            last["end"] = span["end"]
+        elif span["end"] != span["start"]:
+            joined.append({"version": version, "start": span["start"], "end": span["end"]})
+    return joined
+
+
 def version_spans(engine_spans: object, recorded: str | None, length: int) -> list[dict[str, object]]:
     """Per-token version spans `[start, end)` over a call's output: the engine's own (a resumed call's
-    spans every attempt), with unnamed labels (vLLM's "default") read as the call's recorded version;
-    one span of the recorded version where the engine gave none that covers the output."""
+    spans every attempt), with labels left unnamed (vLLM's "default"; the proxy names them when it
+    records, older records did not) read as the call's recorded version; one span of the recorded
+    version where the engine gave none that covers the output."""
+    spans = covering(engine_spans, length)
+    if spans is None:
+        return [{"version": recorded, "start": 0, "end": length}] if length else []
+    return labelled(spans, recorded)
+
+
+def covering(engine_spans: object, length: int) -> list[dict[str, object]] | None:
+    """The engine's spans when they are spans that cover an output of `length` tokens, else None."""
     spans = engine_spans if isinstance(engine_spans, list) else []
     valid = all(
         isinstance(s, dict) and isinstance(s.get("start"), int) and isinstance(s.get("end"), int)
         for s in spans
     )
     if not spans or not valid or spans[0]["start"] != 0 or spans[-1]["end"] != length:
-        return [{"version": recorded, "start": 0, "end": length}] if length else []
-    return [
-        {
-            "version": recorded if s.get("version") in (None, "default") else str(s["version"]),
-            "start": s["start"],
-            "end": s["end"],
-        }
-        for s in spans
-    ]
+        return None
+    return spans
+
+
+def span_versions(spans: Sequence[dict[str, object]]) -> list[str | None]:
+    """The versions of a call's spans, in token order."""
+    return [cast(str | None, span["version"]) for span in spans]
+
+
+def row_versions(row: Mapping[str, Any]) -> list[str | None]:
+    """Every version an exported row's tokens were sampled with: its calls' (`weight_versions`, or
+    a step's `weight_version`), their spans' (`weight_version_spans`), and the oldest and newest
+    (`weight_version_min`/`_max`, which count the spans of a merged row's calls)."""
+    found: list[str | None] = list(row.get("weight_versions") or [])
+    if "weight_version" in row:
+        found.append(row["weight_version"])
+    found += [row[key] for key in ("weight_version_min", "weight_version_max") if row.get(key) is not None]
+    found += [span.get("version") for span in row.get("weight_version_spans") or []]
+    return found

@@ -31,4 +31,4 @@ async def get_weight_version(state: StateDep) -> dict[str, Any]:
     """The version set on any process or replica (the database's), else the engine's at start."""
     async with state.db_sessions() as db:
         stored = await Repository(db).get_setting(WEIGHT_VERSION_KEY)
-    return {"weight_version": stored or state.turns.trainer_weight_version}
+    return {"weight_version": stored or state.turns.trainer_version.fallback}

@@ -43,7 +43,7 @@ from proxy.store.selection import (
     selected_pages,
     take_snapshot,
 )
-from proxy.weight_versions import at_least
+from proxy.weight_versions import at_least, row_versions
 
 router = APIRouter(tags=["export"])
 PAGE_SESSIONS = 16
@@ -115,8 +115,7 @@ def _fresh(rows: list[dict[str, Any]], minimum: str | None) -> bool:
     """Every exported call of these rows was sampled with weights at `minimum` or newer."""
     if minimum is None:
         return True
-    versions = [v for row in rows for v in row.get("weight_versions", [row.get("weight_version")])]
-    return all(at_least(v, minimum) for v in versions)
+    return all(at_least(v, minimum) for row in rows for v in row_versions(row))
 
 
 def _units(

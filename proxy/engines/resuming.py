@@ -3,9 +3,13 @@ engine aborted (a weight update's abort-all, vLLM's /pause) or lost to a restart
 prompt plus the output already held, so the turn core sees one generation.
 
 The continued generation keeps every sampled token with its logprob; `meta.weight_versions` gives
-per-token version spans over the whole output (each attempt's own spans, shifted to its offset) and
-`meta.resumed` how many times it was continued. A stop string split across the abort point is not
-seen by the engine (it only sees the continuation's text): a known limit.
+per-token version spans over the whole output (each attempt's own spans, shifted to its offset, the
+ones the engine left unnamed labelled with the trainer's version at that attempt's dispatch) and
+`meta.resumed` how many times it was continued. Every generation's meta (a stream's first and last
+chunk's) names the trainer's version at its first dispatch (proxy/trainer_version.py): a call held at
+the pause goes out under the version the trainer set before the resume, not the one its turn read.
+A stop string split across the abort point is not seen by the engine (it only sees the
+continuation's text): a known limit.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from proxy.engines.base import (
 )
 from proxy.engines.routed_experts import RoutedExperts
 from proxy.errors import EngineError, EngineMismatch, InvalidEngineAnswer, InvalidRequest, ProxyError
+from proxy.trainer_version import DISPATCHED_VERSION, TrainerVersion
 from proxy.weight_sync import PauseGate
+from proxy.weight_versions import labelled
 
 log = logging.getLogger("tito_proxy.resuming")
 
@@ -53,6 +59,17 @@ class _Held:
     # The session every attempt is sent for: with several engines, a continuation goes where the
     # session lives (or, once that engine is lost, where it moved).
     affinity: str | None = None
+    # The trainer's version at the running attempt's dispatch, and at the first attempt's.
+    label: str | None = None
+    first_label: str | None = None
+    dispatches: int = 0
+
+    def dispatched(self, label: str | None) -> None:
+        """An attempt goes out, under the trainer's `label`."""
+        self.label = label
+        if not self.dispatches:
+            self.first_label = label
+        self.dispatches += 1
 
     def add(self, ids: list[int], logprobs: list[float], top: list[TopLogprobs] | None) -> None:
         self.ids.extend(ids)
@@ -75,26 +92,29 @@ class _Held:
             self.experts, self.experts_lost = None, True
 
     def close_attempt(self, version: str | None, engine_spans: Any) -> None:
-        """Record the finished attempt's version spans, shifted to where its output begins."""
+        """Record the finished attempt's version spans, shifted to where its output begins; what the
+        engine left unnamed is the trainer's version at the attempt's dispatch."""
         start, end = self.attempt_start, len(self.ids)
         spans = engine_spans if isinstance(engine_spans, list) and engine_spans else None
         if spans is None and end > start:
             spans = [{"version": version, "start": 0, "end": end - start}]
-        for span in spans or []:
-            shifted = {
-                "version": span.get("version"),
-                "start": start + span["start"],
-                "end": start + span["end"],
-            }
-            last = self.spans[-1] if self.spans else None
-            if last is not None and last["version"] == shifted["version"] and last["end"] == shifted["start"]:
-                last["end"] = shifted["end"]
-            elif shifted["end"] > shifted["start"]:
-                self.spans.append(shifted)
+        shifted = [
+            {"version": span.get("version"), "start": start + span["start"], "end": start + span["end"]}
+            for span in spans or []
+        ]
+        # Spans already held are named (or None without any label): joining them changes no label.
+        self.spans = labelled([*self.spans, *labelled(shifted, self.label)], None)
         self.attempt_start = end
 
+    @property
+    def first_version(self) -> str | None:
+        """The version of the first token sampled: the call's, recorded as at its dispatch."""
+        return str(self.spans[0]["version"]) if self.spans and self.spans[0]["version"] is not None else None
+
     def meta(self) -> dict[str, Any]:
-        return {"weight_versions": self.spans, "resumed": self.resumed} if self.resumed else {}
+        if not self.resumed:
+            return {DISPATCHED_VERSION: self.first_label}
+        return {"weight_versions": self.spans, "resumed": self.resumed, DISPATCHED_VERSION: self.first_label}
 
 
 def _continued(prompt: PromptIds, params: SamplingParams, held: _Held) -> tuple[Any, SamplingParams]:
@@ -126,6 +146,8 @@ class ResumingEngine:
         # The newest version the engine reported (or named at a resume): the label of the tokens of an
         # attempt cut by a restart before the engine said which version sampled them.
         self.last_version: str | None = None
+        # The trainer-set version, as current at each attempt's dispatch (set by the app; None: none).
+        self.trainer_version: TrainerVersion | None = None
 
     def __getattr__(self, attribute: str) -> Any:
         return getattr(self.inner, attribute)  # report, honours_seed, wire_sampling...
@@ -142,6 +164,10 @@ class ResumingEngine:
                 return
             await asyncio.sleep(0.25)
         raise error
+
+    async def _dispatch(self, held: _Held) -> None:
+        """An attempt is about to go out, past the gate: the trainer's version it goes out under."""
+        held.dispatched(await self.trainer_version.at_dispatch() if self.trainer_version else None)
 
     def _resumable(self, held: _Held, produced: int, pauses_before: int) -> bool:
         """Whether an engine abort is a weight sync's, to be continued: it cut sampled output, or a
@@ -188,6 +214,7 @@ class ResumingEngine:
         while True:
             ids, continued = _continued(prompt, params, held) if held.resumed else (prompt, params)
             pauses = self.gate.pauses
+            await self._dispatch(held)
             try:
                 generation = await self.inner.generate(ids, continued, attempt, affinity=held.affinity)
             except EngineError as exc:
@@ -204,7 +231,8 @@ class ResumingEngine:
                 and (params.routed_experts is not None or generation.routed_experts is None)
             ):
                 # One attempt, finished: what is held below would rebuild the very same generation
-                # (dataclasses' replace alone cost ~10 µs a turn).
+                # (dataclasses' replace alone cost ~10 µs a turn). Its meta is this call's own dict.
+                generation.meta[DISPATCHED_VERSION] = held.first_label
                 return generation
             held.add(generation.output_ids, generation.logprobs, generation.top_logprobs)
             held.add_experts(params.routed_experts is not None, generation.routed_experts)
@@ -220,6 +248,7 @@ class ResumingEngine:
                     output_ids=held.ids,
                     logprobs=held.logprobs,
                     top_logprobs=held.top,
+                    weight_version=held.first_version or generation.weight_version,
                     meta={**generation.meta, **held.meta()},
                     routed_experts=held.experts,
                 )
@@ -246,6 +275,7 @@ class ResumingEngine:
         """Open a stream of the generation's next attempt; an engine that is down is waited for."""
         while True:
             ids, continued = _continued(prompt, params, held) if held.ids else (prompt, params)
+            await self._dispatch(held)
             try:
                 return await self.inner.stream(ids, continued, attempt, affinity=held.affinity)
             except EngineError as exc:
@@ -262,6 +292,7 @@ class ResumingEngine:
         chunks: AsyncIterator[StreamChunk],
         held: _Held,
     ) -> AsyncIterator[StreamChunk]:
+        sent = False  # whether a chunk went out yet: the first names the dispatched version
         try:
             while True:
                 error: Exception | None = None
@@ -280,13 +311,27 @@ class ResumingEngine:
                             held.add_experts(params.routed_experts is not None, chunk.routed_experts)
                         if chunk.finish is None or (resumable and self._resumable(held, produced, pauses)):
                             if chunk.output_ids:
-                                yield replace(chunk, finish=None, routed_experts=None)
+                                first = not sent
+                                sent = True
+                                yield replace(
+                                    chunk,
+                                    finish=None,
+                                    routed_experts=None,
+                                    meta={**chunk.meta, **held.meta()} if first else chunk.meta,
+                                )
                             if aborted:
                                 held.close_attempt(chunk.weight_version, chunk.meta.get("weight_versions"))
                                 break
                             continue
                         held.close_attempt(chunk.weight_version, chunk.meta.get("weight_versions"))
-                        yield replace(chunk, meta={**chunk.meta, **held.meta()}, routed_experts=held.experts)
+                        yield replace(
+                            chunk,
+                            weight_version=(held.first_version or chunk.weight_version)
+                            if held.resumed
+                            else chunk.weight_version,
+                            meta={**chunk.meta, **held.meta()},
+                            routed_experts=held.experts,
+                        )
                         return
                 except EngineError as exc:
                     if request_id in self._abandoned or not self._may_retry(held, exc):

@@ -8,7 +8,7 @@ from typing import Any
 from proxy.export.branches import BranchFilter, kept
 from proxy.export.columns import Ids, Logprobs, Mask, Piece, TokenRewards
 from proxy.export.experts import export_fields
-from proxy.export.summaries import Summary, default_spans
+from proxy.export.summaries import Summary, default_spans, versions
 from proxy.store.codec import id_count
 from proxy.store.models import SessionRow
 from proxy.store.repository import TokenCall
@@ -84,9 +84,8 @@ def merged_rows_of(
                 "boundary_edits": summary["boundary_edits"],
                 "drift": summary["drift"],
                 "metadata": session.meta,
-                "weight_versions": summary["weight_versions"],
-                "weight_version_min": summary["weight_version_min"],
-                "weight_version_max": summary["weight_version_max"],
+                # Counted anew: summaries stored before the spans were counted in min and max.
+                **versions(summary["weight_versions"], summary["spans"]),
                 "adapters": summary["adapters"],
                 **_experts(path, id_count(path[0].prompt_added), tokens["loss_mask"]),
             }

@@ -21,8 +21,9 @@ from proxy.export.branches import BranchFilter
 from proxy.export.columns import as_lists
 from proxy.export.drift import DriftMode
 from proxy.export.rows import merged_rows_of, stepwise_rows_of
-from proxy.export.summaries import summarize, token_calls, versions
+from proxy.export.summaries import summarize, token_calls
 from proxy.store.models import CallRow, SessionRow
+from proxy.weight_versions import row_versions, version_range
 
 EXPORT_MODES = ("merged", "stepwise")
 
@@ -61,6 +62,8 @@ _LISTED = (
     ("weight_version", "weight_versions"),
     ("adapter", "adapters"),
 )
+# Where a run gathers every version its rows' tokens were sampled with, until merging ends.
+_VERSIONS = "_versions"
 # Values a run takes from its first step, and from its last.
 _FIRST = ("cursor", "session_id", "group_id", "sample_index", "group_size", "trajectory_id", "metadata")
 _LAST = ("segment_id", "branch", "is_last_step", "finish_reason", "reward")
@@ -90,6 +93,7 @@ def _as_run(row: dict[str, Any]) -> dict[str, Any]:
             run[many] = list(row[many])
         elif one in row:
             run[many] = [row[one]]
+    run[_VERSIONS] = row_versions(row)
     return run
 
 
@@ -103,6 +107,7 @@ def _extend(run: dict[str, Any], other: dict[str, Any], observation: list[int]) 
     else:
         run.pop("token_rewards", None)
     _extend_experts(run, other, gap)
+    run[_VERSIONS] += other[_VERSIONS]
     for _, many in _LISTED:
         if many in run and many in other:
             run[many] += other[many]
@@ -163,6 +168,8 @@ def merge_steps(steps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for run in runs:
         if "call_ids" in run:
             run["num_calls"] = len(run["call_ids"])
+        held = run.pop(_VERSIONS)
         if "weight_versions" in run:
-            run.update(versions(run["weight_versions"]))
+            lowest, highest = version_range(held)  # spans included: a resumed call's older tokens
+            run.update(weight_version_min=lowest, weight_version_max=highest)
     return runs

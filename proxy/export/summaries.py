@@ -24,15 +24,20 @@ from proxy.export.trajectory import call_path, path_drift
 from proxy.store.codec import id_count
 from proxy.store.models import CallRow, SessionRow
 from proxy.store.repository import Repository, TokenCall
-from proxy.weight_versions import version_range, version_spans
+from proxy.weight_versions import span_versions, version_range, version_spans
 
 log = logging.getLogger("tito_proxy.export")
 Summary = dict[str, Any]
 DbSessions = Callable[[], AbstractAsyncContextManager[DbSession]]
 
 
-def versions(values: Sequence[str | None]) -> dict[str, Any]:
-    lowest, highest = version_range(list(values))  # as versions: "9" < "10", never as strings
+def versions(
+    values: Sequence[str | None], spans: Sequence[Sequence[dict[str, object]] | None] = ()
+) -> dict[str, Any]:
+    """The calls' versions, and the oldest and newest of them and of their tokens' spans (a call
+    resumed across a weight update holds tokens of an older version than its own)."""
+    held = [v for call_spans in spans for v in span_versions(call_spans or [])]
+    lowest, highest = version_range([*values, *held])  # as versions: "9" < "10", never as strings
     return {"weight_versions": list(values), "weight_version_min": lowest, "weight_version_max": highest}
 
 
@@ -56,10 +61,10 @@ def _summary(path: list[CallRow], index: int, labels: dict[int, Any], drift: dic
             for edit in c.boundary_edits
         ],
         "drift": export_drift(drift),
-        **versions([c.weight_version for c in path]),
         # Per-token weight versions where the engine gave them (a resumed call), else null: one
         # span of the call's version, made at export.
-        "spans": [_engine_spans(c) for c in path],
+        **versions([c.weight_version for c in path], spans := [_engine_spans(c) for c in path]),
+        "spans": spans,
         # Per call: the request's `model` as sent and the LoRA adapter it was sampled with.
         "models": [(c.request.get("body") or {}).get("model") for c in path],
         "adapters": [c.adapter for c in path],

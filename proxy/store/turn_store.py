@@ -151,6 +151,7 @@ _SESSION_STATE = select(
     .scalar_subquery()
     .label("weight_version"),
 )
+_TRAINER_VERSION = select(SettingRow.value).where(SettingRow.key == WEIGHT_VERSION_KEY)
 # Completed calls whose conversation (request + reply) has this key, newest first.
 _WITH_HISTORY = _CONTINUED.where(
     CallRow.session_id == bindparam("session"),
@@ -297,6 +298,11 @@ class TurnStore(abc.ABC):
         [(status, template_now, weight_version)] = await self._read(_SESSION_STATE, {"session": session_id})
         state = None if status is None else SessionState(status=status, template_now=template_now)
         return state, weight_version
+
+    async def trainer_version(self) -> str | None:
+        """The trainer-set weight version (POST /admin/weight_version), whichever process set it."""
+        rows = await self._read(_TRAINER_VERSION, {})
+        return rows[0][0] if rows else None
 
     async def turn_start_with_history(
         self, session_id: str, history_key: str

@@ -20,8 +20,10 @@ from proxy.observe.metrics import Metrics
 from proxy.store.codec import pack_ids, pack_logprobs
 from proxy.store.prompts import ContextCache, Recorded
 from proxy.store.turn_store import NewCall, TurnStore, TurnWrite
+from proxy.trainer_version import DISPATCHED_VERSION
 from proxy.turns.answer_text import AnswerText, finish_for_openai, status_of
 from proxy.turns.request import PreparedTurn, TurnResult
+from proxy.weight_versions import covering, labelled, span_versions
 
 log = logging.getLogger("tito_proxy.turns")
 
@@ -167,6 +169,7 @@ class TurnRecorder:
         reply = output.as_message()
         # Only a call answered "ok" gave its client a finish reason.
         finish = finish_for_openai(generation, output) if status == "ok" else None
+        version, spans = _versions(turn, generation)
         call = NewCall(
             session_id=turn.session_id,
             segment_id=plan.parent.segment_id if plan.parent is not None else None,
@@ -189,8 +192,8 @@ class TurnRecorder:
             request=_recorded_request(turn),
             response_message=reply,
             sampling_params=self._wire_sampling(turn.params),
-            weight_version=generation.weight_version or turn.dispatched_version,
-            engine_meta=_engine_meta(turn, generation),
+            weight_version=version,
+            engine_meta=_engine_meta(turn, generation, spans),
             timings=timings,
             idempotency_key=request.idempotency_key,
             request_hash=request.request_hash,
@@ -233,11 +236,34 @@ def _recorded_request(turn: PreparedTurn) -> dict[str, Any]:
     }
 
 
-def _engine_meta(turn: PreparedTurn, generation: Generation) -> dict[str, Any]:
-    """The engine's metadata, plus the alternatives a logprobs request asked for (kept so that a
-    retry is answered exactly as the first attempt was), and whether routed experts asked for are
-    missing (the engine runs without --enable-return-routed-experts, or a restart lost them)."""
+# A call's per-token weight versions: [{"version", "start", "end"}] over its output.
+Spans = list[dict[str, object]]
+
+
+def _versions(turn: PreparedTurn, generation: Generation) -> tuple[str | None, Spans | None]:
+    """The call's weight version (its first token's, as at its dispatch) and its per-token spans,
+    where the engine gave spans: what the engine left unnamed (vLLM's "default", or no version) is
+    the trainer's at the dispatch, as the engine wrapper saw it (after a pause, newer than the one the
+    turn read at its start)."""
     meta = generation.meta
+    label = meta.get(DISPATCHED_VERSION, turn.dispatched_version)
+    found = covering(meta.get("weight_versions"), len(generation.output_ids))
+    if found is None:
+        return generation.weight_version or label, None
+    spans = labelled(found, label)
+    return span_versions(spans)[0], spans
+
+
+def _engine_meta(turn: PreparedTurn, generation: Generation, spans: Spans | None) -> dict[str, Any]:
+    """The engine's metadata with its version spans named (`_versions`), plus the alternatives a
+    logprobs request asked for (kept so that a retry is answered exactly as the first attempt was),
+    and whether routed experts asked for are missing (the engine runs without
+    --enable-return-routed-experts, or a restart lost them)."""
+    meta = generation.meta
+    if DISPATCHED_VERSION in meta or spans is not None:
+        meta = {k: v for k, v in meta.items() if k != DISPATCHED_VERSION}
+        if spans is not None:
+            meta["weight_versions"] = spans
     if turn.params.routed_experts is not None and generation.routed_experts is None:
         _warn_experts_missing()
         meta = {**meta, "routed_experts_missing": True}

@@ -23,10 +23,12 @@ from proxy.ids import random_hex
 from proxy.observe.metrics import Metrics
 from proxy.store.prompts import ContextCache
 from proxy.store.turn_store import ContinuedCall, SessionState, TurnStore
+from proxy.trainer_version import TrainerVersion
 from proxy.turns.answer_text import AnswerText
 from proxy.turns.planning import TurnPlanner
 from proxy.turns.recording import TurnRecorder
 from proxy.turns.request import PreparedTurn, TurnRequest, TurnResult
+from proxy.weight_sync import PauseGate
 
 
 class TurnRunner:
@@ -43,15 +45,17 @@ class TurnRunner:
         history_mode: str = "exact",
         contexts: ContextCache | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        trainer_version: TrainerVersion | None = None,
     ) -> None:
         self.renderer = renderer
         self.engine = engine
         self.store = store
         self.context_length = context_length
         self.history_mode = history_mode
-        # Recorded when the engine reports no version and the trainer set none (POST
-        # /admin/weight_version, kept in the database and read every turn): the engine's at start.
-        self.trainer_weight_version: str | None = None
+        # The trainer-set version (POST /admin/weight_version, kept in the database and read with
+        # every turn's start), shared with the engine wrapper that dispatches the calls (the app's
+        # ResumingEngine, whose pause gate it follows); one of its own for other engines.
+        self.trainer_version = trainer_version or TrainerVersion(store.trainer_version, PauseGate())
         self.parser = parser or choose_parser(renderer)[0]
         self.contexts = contexts or ContextCache()
         self._clock = clock
@@ -114,8 +118,9 @@ class TurnRunner:
             plan=plan,
             params=params,
             template_now=template_now,
-            # The trainer-set version current when the call goes out, whichever process set it.
-            dispatched_version=trainer_version or self.trainer_weight_version,
+            # The trainer-set version at the turn's start, whichever process set it: the calls' unless
+            # the engine wrapper says it dispatched them under a newer one (after a pause).
+            dispatched_version=trainer_version or self.trainer_version.fallback,
             started=started,
             rendered=self._clock(),
             reasoning_open=self.answers.reasoning_open(plan.prompt),
@@ -128,10 +133,14 @@ class TurnRunner:
         """The session's state, the trainer-set weight version and, for a request that echoes a
         history, the calls recorded under it (both reads in one statement)."""
         history = self.planner.history_key(request)
+        epoch = self.trainer_version.epoch()
         if history is None:
             session, trainer_version = await self.store.turn_start(session_id)
+            self.trainer_version.note(trainer_version, epoch)
             return session, trainer_version, None
-        return await self.store.turn_start_with_history(session_id, history[1])
+        started = await self.store.turn_start_with_history(session_id, history[1])
+        self.trainer_version.note(started[1], epoch)
+        return started
 
     async def prompt_length(self, session_id: str, request: TurnRequest) -> int:
         """The length of the prompt `request` would be sent as the session's next turn: planned as

@@ -154,7 +154,7 @@ def test_an_aborted_generation_is_continued_and_recorded_whole(
     assert segment["response_ids"] == sampled
     assert segment["loss_mask"] == [1] * len(sampled)
     [call] = _calls(tmp_path / "proxy.db")
-    assert call["weight_version"] == "v2"
+    assert call["weight_version"] == "v1"  # its first token's: the version it was dispatched under
     assert call["engine_meta"]["resumed"] == 1
     spans = [{"version": "v1", "start": 0, "end": 3}, {"version": "v2", "start": 3, "end": len(sampled)}]
     assert call["engine_meta"]["weight_versions"] == spans

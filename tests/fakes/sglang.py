@@ -140,6 +140,8 @@ class FakeSGLang:
     def _sample(self, params: dict[str, Any]) -> tuple[list[int], list[float], dict[str, Any] | None]:
         with self._lock:
             scripted = self.script.popleft() if self.script else self._default_output()
+            if scripted.weight_version is not None:  # the weights that sample it, from now on
+                self.weight_version = scripted.weight_version
         ids, logprobs, finish = self._cut(scripted, params)
         if self.fault == "no_finish":
             return ids, logprobs, None

@@ -186,3 +186,17 @@ def test_steps_that_disagree_with_themselves_are_refused() -> None:
         merge_steps([{**_step(0, [1], [2, 3], [1, 1]), "rollout_logprobs": [0.0]}])
     with pytest.raises(MergeRefused, match="loss mask"):
         merge_steps([_step(0, [1], [2], [2])])
+
+
+def test_a_merged_runs_oldest_version_counts_a_resumed_steps_older_tokens() -> None:
+    """A step resumed across a weight update holds tokens of two versions; the run's bounds count
+    both, as the merged export's do, whatever the steps' own versions say."""
+    spans = [{"version": "v0", "start": 0, "end": 1}, {"version": "v1", "start": 1, "end": 2}]
+    first = _step(0, [1, 2], [3, 4], [1, 1], weight_version="v0", weight_version_spans=spans)
+    last = _step(1, [1, 2, 3, 4, 90], [5], [1], weight_version="v2")
+    [run] = merge_steps([first, last])
+    assert run["weight_versions"] == ["v0", "v2"]
+    assert (run["weight_version_min"], run["weight_version_max"]) == ("v0", "v2")
+    [again] = merge_steps([{**first, "weight_version": "v1"}, last])
+    assert again["weight_version_min"] == "v0"  # from the spans alone
+    assert "_versions" not in again
