@@ -15,7 +15,7 @@ router = APIRouter(prefix="/admin", tags=["admin"])
 
 
 class WeightVersion(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     weight_version: str = Field(min_length=1, max_length=128)
 
 

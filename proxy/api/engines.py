@@ -16,7 +16,7 @@ router = APIRouter(prefix="/admin", tags=["admin"])
 
 
 class NewEngine(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     url: str = Field(min_length=1, max_length=2048, pattern=r"^https?://\S+$")
     # Default: the next free engine-N.
     id: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")

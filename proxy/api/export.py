@@ -52,7 +52,7 @@ IdList = Annotated[list[str] | None, Query()]
 
 
 class AckBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     consumer: str = Field(min_length=1, max_length=128)
     session_ids: list[str] | None = None
     cursor: RowId | None = None

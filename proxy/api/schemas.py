@@ -47,28 +47,38 @@ Shallow = BeforeValidator(shallow_json)
 _INERT_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})
 
 
+# Every request model is strict, as OpenAI's and Anthropic's APIs are: "32" is not an integer and
+# 1 is not true (pydantic's lax mode would take both, and sample what the client never asked for).
+
+
 class FunctionCall(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     name: str
     arguments: Annotated[str | dict[str, Any], Shallow] = "{}"
 
 
 class ToolCall(BaseModel):
     # Wire-only keys such as `index` are ignored (decision 2).
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     type: str
     text: str | None = None
 
+    @model_validator(mode="after")
+    def _text_of_a_text_part(self) -> ContentPart:
+        if self.type == "text" and self.text is None:
+            raise ValueError("a text part needs its text (a string)")
+        return self
+
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -127,14 +137,14 @@ def _dumps(value: Any) -> str:
 
 
 class FunctionDefinition(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     name: str = Field(min_length=1)  # a tool without a name cannot be called (OpenAI: a 400 too)
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
 
 class ToolDefinition(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     type: Literal["function"]
     function: FunctionDefinition
 
@@ -142,7 +152,7 @@ class ToolDefinition(BaseModel):
 class SamplingRequest(BaseModel):
     """The fields chat and text completions share: model, sampling, choices, streaming."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Response
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, Strict
 
 from proxy.api.deps import StateDep, check_session_id, known_query, new_session_id
 from proxy.api.groups import group_claim
@@ -24,8 +24,12 @@ from proxy.store.repository import Repository, utc_iso
 router = APIRouter(prefix="/sessions", tags=["sessions"])
 
 
+# A reward is a JSON number: "1.0" or true is refused, not read as one.
+Reward = Annotated[FiniteFloat, Strict()]
+
+
 class NewSession(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     id: str | None = None
     metadata: Annotated[dict[str, Any], Shallow] = Field(default_factory=dict)
     # GRPO: the group this session is one sample of (see proxy/api/groups.py).
@@ -37,8 +41,9 @@ class NewSession(BaseModel):
 class RewardBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # NaN or infinity would erase the reward in the record (JSON has neither): a 400 instead.
-    reward: FiniteFloat | None = None
-    call_rewards: dict[RowId, FiniteFloat] | None = None
+    reward: Reward | None = None
+    # Lax about the keys alone: JSON writes a call id key as a string.
+    call_rewards: dict[RowId, Reward] | None = None
 
 
 def session_json(session: SessionRow) -> dict[str, Any]:

@@ -16,7 +16,7 @@ router = APIRouter(prefix="/admin", tags=["admin"])
 
 
 class PauseRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     # False: in-flight generations finish; true: they are aborted now and continued after the resume.
     abort_in_flight: bool = False
 

@@ -99,7 +99,7 @@ def template_kwargs(
 
 
 class MessagesRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     # Free-form values are checked for depth where they enter (proxy/json_limits.py), extras too.
     __pydantic_extra__: dict[str, Annotated[Any, Shallow]] = Field(init=False)
 
@@ -173,7 +173,7 @@ class MessagesRequest(BaseModel):
 
 
 class CountTokensRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     __pydantic_extra__: dict[str, Annotated[Any, Shallow]] = Field(init=False)
 
     model: str

@@ -83,7 +83,7 @@ _INCLUDES = frozenset({"reasoning.encrypted_content"})
 
 
 class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     # Free-form values are checked for depth where they enter (proxy/json_limits.py), extras too.
     __pydantic_extra__: dict[str, Annotated[Any, Shallow]] = Field(init=False)
 

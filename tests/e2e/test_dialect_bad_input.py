@@ -222,3 +222,49 @@ def test_json_nested_too_deep_is_a_400_on_the_dialect_routes(
     else:
         assert answer.json()["error"]["type"] == "invalid_request_error"
         assert "128" in answer.json()["error"]["message"]
+
+
+CHAT: dict[str, Any] = {"model": "m", "messages": USER, "max_tokens": 4}
+COMPLETION: dict[str, Any] = {"model": "m", "prompt": "hi", "max_tokens": 4}
+# (route, base body, field, a value of the wrong JSON type): lax parsing would sample what was never
+# asked for ("32" as 32, true as 1 token), where OpenAI's and Anthropic's APIs answer a 400.
+WRONG_TYPES: list[tuple[str, dict[str, Any], str, Any]] = [
+    ("chat/completions", CHAT, "max_tokens", "32"),
+    ("chat/completions", CHAT, "max_tokens", True),
+    ("chat/completions", CHAT, "max_completion_tokens", 4.0),
+    ("chat/completions", CHAT, "temperature", "0.5"),
+    ("chat/completions", CHAT, "temperature", True),
+    ("chat/completions", CHAT, "n", "1"),
+    ("chat/completions", CHAT, "seed", "7"),
+    ("chat/completions", CHAT, "logprobs", 1),
+    ("chat/completions", CHAT, "top_logprobs", "2"),
+    ("completions", COMPLETION, "max_tokens", "4"),
+    ("completions", COMPLETION, "temperature", "1"),
+    ("responses", RESPONSES, "max_output_tokens", "32"),
+    ("responses", RESPONSES, "temperature", "1"),
+    ("responses", RESPONSES, "stream", "yes"),
+    ("responses", RESPONSES, "parallel_tool_calls", "true"),
+    ("messages", ANTHROPIC, "max_tokens", "32"),
+    ("messages", ANTHROPIC, "max_tokens", True),
+    ("messages", ANTHROPIC, "stream", "yes"),
+    ("messages", ANTHROPIC, "temperature", "0.5"),
+    ("messages", ANTHROPIC, "top_k", "5"),
+]
+
+
+@pytest.mark.parametrize(
+    ("route", "base", "field", "value"),
+    WRONG_TYPES,
+    ids=[f"{r}:{f}={v!r}" for r, _, f, v in WRONG_TYPES],
+)
+def test_a_value_of_the_wrong_json_type_is_refused_not_converted(
+    proxy_url: str, route: str, base: dict[str, Any], field: str, value: Any
+) -> None:
+    answer = httpx.post(f"{proxy_url}/sessions/types/v1/{route}", json={**base, field: value}, timeout=30)
+    assert answer.status_code == 400, (field, value, answer.text)
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    if route != "messages":
+        assert error["param"] == field
+    else:
+        assert field in error["message"]

@@ -32,6 +32,11 @@ def test_a_reward_that_is_not_a_finite_number_is_a_400_and_keeps_the_reward(prox
             assert error["type"] == "invalid_request_error"
             assert (error["param"] or "").startswith(field)
             assert "finite" in error["message"]
+    # A number's text or a boolean is not a number (lax parsing read "1" and true as 1.0).
+    for body_json in ({"reward": "1"}, {"reward": True}, {"call_rewards": {str(call_id): "1"}}):
+        refused = httpx.post(reward, json=body_json)
+        assert refused.status_code == 400, (body_json, refused.text)
+        assert (refused.json()["error"]["param"] or "").startswith(next(iter(body_json)))
     assert httpx.get(f"{proxy_url}/sessions/r").json()["reward"] == 0.5
     httpx.post(f"{proxy_url}/sessions/r/finish").raise_for_status()
     exported = httpx.get(f"{proxy_url}/export", params={"mode": "merged"})
@@ -72,3 +77,20 @@ def test_session_ids_the_proxy_makes_carry_128_random_bits(proxy_url: str) -> No
     # A uuid4 fixes 6 of its 128 bits (version nibble 4 at position 12): every position must vary.
     for position in range(32):
         assert len({made_id[position] for made_id in made}) > 1, position
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/admin/pause", {"abort_in_flight": "yes"}, "abort_in_flight"),
+        ("/sessions", {"group_id": "g", "sample_index": "1", "group_size": 2}, "sample_index"),
+        ("/admin/weight_version", {"weight_version": 7}, "weight_version"),
+    ],
+)
+def test_trainer_routes_refuse_values_of_the_wrong_json_type(
+    proxy_url: str, path: str, body: dict[str, object], param: str
+) -> None:
+    refused = httpx.post(proxy_url + path, json=body)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == param
+    assert httpx.get(f"{proxy_url}/admin/state").json()["paused"] is False
