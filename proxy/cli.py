@@ -299,8 +299,9 @@ def _export(args: argparse.Namespace) -> int:
         after=args.after,
         branches=args.branches,
         status=args.status,
-        session_ids=args.session_ids.split(",") if args.session_ids else None,
-        group_ids=args.group_ids.split(",") if args.group_ids else None,
+        # An empty list is a filter that matches nothing, as on the route: never a wider export.
+        session_ids=args.session_ids.split(",") if args.session_ids is not None else None,
+        group_ids=args.group_ids.split(",") if args.group_ids is not None else None,
         whole_groups=args.whole_groups,
         limit=args.limit,
         min_weight_version=args.min_weight_version,
@@ -456,13 +457,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _migrate(args)
     if args.command == "check-template":
         return _check_template(args)
-    if args.command == "show":
-        return _show(args)
-    if args.command == "export":
-        if args.ack and not args.consumer:
-            parser.error("--ack needs --consumer")
-        return _export(args)
+    if args.command == "export" and args.ack and not args.consumer:
+        parser.error("--ack needs --consumer")
+    if args.command in ("show", "export"):
+        return _as_client(args)
     return _demo_model(args)
+
+
+def _as_client(args: argparse.Namespace) -> int:
+    """`show` or `export` against a running proxy: a proxy out of reach, a bad URL or an output
+    file that cannot be written is a one-line error, not a traceback."""
+    import httpx
+
+    try:
+        return _show(args) if args.command == "show" else _export(args)
+    except httpx.InvalidURL as exc:
+        print(f"tito-proxy {args.command}: bad --url {args.url!r}: {exc}", file=sys.stderr)
+    except httpx.UnsupportedProtocol:
+        print(f"tito-proxy {args.command}: --url {args.url!r} is not an http(s) URL", file=sys.stderr)
+    except httpx.HTTPError as exc:
+        print(f"tito-proxy {args.command}: cannot reach the proxy at {args.url}: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(f"tito-proxy {args.command}: {exc}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.fakes.sglang import FakeSGLang
 from tests.support import spawn_proxy
@@ -65,3 +66,23 @@ def test_check_template_prints_the_verdict(qwen_dir: Path) -> None:
     verdict = json.loads(result.stdout)
     assert verdict["close_tokens"] == ["<|im_end|>"]
     assert verdict["appends"]["tool"]["continues"] is True
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["export", "--url", "http://127.0.0.1:9", "--out", "{out}"], "cannot reach the proxy"),
+        (["export", "--url", "notaurl", "--out", "{out}"], "not an http(s) URL"),
+        (["show", "s", "--url", "http://127.0.0.1:9"], "cannot reach the proxy"),
+        (["export", "--url", "{proxy}", "--out", "/nonexistent/dir/rows.jsonl"], "No such file"),
+    ],
+)
+def test_client_commands_fail_in_one_line(proxy_url: str, tmp_path: Path, args: list[str], says: str) -> None:
+    """A proxy out of reach, a bad URL or an unwritable output: a message, exit 1, no traceback."""
+    filled = [a.format(out=tmp_path / "rows.jsonl", proxy=proxy_url) for a in args]
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", *filled], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 1, result.stderr
+    assert says in result.stderr
+    assert "Traceback" not in result.stderr

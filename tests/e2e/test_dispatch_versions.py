@@ -105,7 +105,8 @@ def test_unnamed_tokens_of_a_resumed_call_carry_the_trainers_version_of_their_at
     [call] = _calls(tmp_path / "proxy.db")
     spans = call["engine_meta"]["weight_versions"]
     assert [s["version"] for s in spans] == ["step-1", "step-2"]
-    assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"]
+    assert spans[0]["start"] == 0
+    assert spans[0]["end"] == spans[1]["start"]
     assert spans[1]["end"] == len(step["response_ids"])
     assert "dispatched_version" not in call["engine_meta"]
     assert call["weight_version"] == "step-1"

@@ -158,6 +158,13 @@ def test_export_filters(proxy_url: str, engine: FakeSGLang, tmp_path: Path) -> N
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert [orjson.loads(line)["session_id"] for line in out.read_bytes().splitlines()] == ["v10", "open"]
+    # An empty list matches no session, as on the route: it never widens the export (nor its acks).
+    for empty in ("--session-ids", "--group-ids"):
+        emptied = [*command[:8], "--status", "all", empty, "", "--consumer", "c", "--ack"]
+        result = subprocess.run(emptied, capture_output=True, text=True, timeout=120, check=False)
+        assert result.returncode == 0, result.stderr
+        assert out.read_bytes() == b"", empty
+        assert "acked" not in result.stdout
     for params in ({"limit": 0}, {"session_ids": "bad id"}, {"status": "gone"}, {"min_weight_version": ""}):
         assert httpx.get(f"{proxy_url}/export", params=params).status_code == 400, params
     misspelled = httpx.get(f"{proxy_url}/export", params={"min_version": "10"})
