@@ -15,6 +15,7 @@ continuation's text): a known limit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -35,7 +36,14 @@ from proxy.engines.base import (
     TopLogprobs,
 )
 from proxy.engines.routed_experts import RoutedExperts
-from proxy.errors import EngineError, EngineMismatch, InvalidEngineAnswer, InvalidRequest, ProxyError
+from proxy.errors import (
+    EngineError,
+    EngineMismatch,
+    EngineTimeout,
+    InvalidEngineAnswer,
+    InvalidRequest,
+    ProxyError,
+)
 from proxy.trainer_version import DISPATCHED_VERSION, TrainerVersion
 from proxy.weight_sync import PauseGate
 from proxy.weight_versions import labelled
@@ -169,6 +177,13 @@ class ResumingEngine:
         """An attempt is about to go out, past the gate: the trainer's version it goes out under."""
         held.dispatched(await self.trainer_version.at_dispatch() if self.trainer_version else None)
 
+    async def _abort_if_running(self, attempt: str, error: EngineError) -> None:
+        """An attempt the proxy stopped waiting for (its timeout) may still be generating on the
+        engine, which would spend its time on output nobody reads: it is aborted (best effort)."""
+        if isinstance(error, EngineTimeout):
+            with contextlib.suppress(ProxyError):
+                await self.inner.abort(attempt)
+
     def _resumable(self, held: _Held, produced: int, pauses_before: int) -> bool:
         """Whether an engine abort is a weight sync's, to be continued: it cut sampled output, or a
         pause began meanwhile. An abort before any token with no pause (an engine's refusal at
@@ -218,6 +233,7 @@ class ResumingEngine:
             try:
                 generation = await self.inner.generate(ids, continued, attempt, affinity=held.affinity)
             except EngineError as exc:
+                await self._abort_if_running(attempt, exc)
                 if request_id in self._abandoned or not self._may_retry(held, exc):
                     raise
                 log.warning("engine lost mid-generation (%s); continuing when it is back", exc.message)
@@ -279,6 +295,7 @@ class ResumingEngine:
             try:
                 return await self.inner.stream(ids, continued, attempt, affinity=held.affinity)
             except EngineError as exc:
+                await self._abort_if_running(attempt, exc)
                 if not self._may_retry(held, exc):
                     raise
                 await self._wait_to_continue(exc)
@@ -334,6 +351,7 @@ class ResumingEngine:
                         )
                         return
                 except EngineError as exc:
+                    await self._abort_if_running(self._current.get(request_id, request_id), exc)
                     if request_id in self._abandoned or not self._may_retry(held, exc):
                         raise
                     if len(held.ids) > held.attempt_start:  # its tokens came without their routings

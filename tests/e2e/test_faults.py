@@ -52,6 +52,10 @@ def test_engine_faults_answer_in_the_envelope_and_record_nothing(
         assert error["code"] == code
         assert message in error["message"]
         _nothing_recorded(url, "f")
+    if fault == "hang":
+        # The proxy stopped waiting: the engine must stop generating what nobody will read.
+        assert len(engine.aborted) == 1
+        assert engine.requests[0]["rid"].startswith(engine.aborted[0])
 
 
 def test_a_stream_cut_by_the_engine_ends_with_an_error_and_is_never_exported_as_complete(
