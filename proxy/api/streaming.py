@@ -125,6 +125,7 @@ class _Logprobs:
         self.top_count = top_count
         self.shape = writer.logprobs_shape
         self.sent = 0
+        self.chars = 0  # characters of the tokens sent: where a completion's next text_offset starts
 
     def take(
         self, ids: Sequence[int], logprobs: Sequence[float], top: Sequence[TopLogprobs] | None, upto: int
@@ -132,13 +133,17 @@ class _Logprobs:
         if self.top_count is None or upto <= self.sent:
             return None
         start, self.sent = self.sent, upto
-        return self.shape(
+        shaped = self.shape(
             self.pieces,
             ids[start:upto],
             logprobs[start:upto],
             top[start:upto] if top is not None else None,
             self.top_count,
         )
+        if "text_offset" in shaped:  # offsets into the whole completion's text, as unstreamed
+            shaped["text_offset"] = [self.chars + offset for offset in shaped["text_offset"]]
+            self.chars += sum(len(token) for token in shaped["tokens"])
+        return shaped
 
 
 async def _choice_events(

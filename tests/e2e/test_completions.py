@@ -44,7 +44,25 @@ def test_text_prompt_is_tokenized_once_and_answered_with_legacy_logprobs(
     assert "".join(logprobs["tokens"]) == choice["text"]
     assert logprobs["token_logprobs"] == [-0.5 - i / 8 for i in range(len(output) - 1)]
     assert all(len(top) == 2 for top in logprobs["top_logprobs"])
-    assert logprobs["text_offset"][0] == 0
+    assert logprobs["text_offset"] == [sum(map(len, logprobs["tokens"][:i])) for i in range(len(output) - 1)]
+
+
+def test_a_streamed_completions_text_offsets_run_over_the_whole_text(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    """Each chunk's text_offset counts from the start of the completion, as unstreamed (and as vLLM
+    streams them), not from the start of the chunk."""
+    body = {"model": "m", "max_tokens": 32, "prompt": "2 + 2 =", "logprobs": 1}
+    _script(engine, qwen_tokenizer, " the answer is 4, surely")
+    whole = _complete(proxy_url, "whole", **{k: v for k, v in body.items() if k != "model"})
+    _script(engine, qwen_tokenizer, " the answer is 4, surely")
+    streamed = httpx.post(f"{proxy_url}/sessions/parts/v1/completions", json={**body, "stream": True})
+    chunks = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+    offsets = [o for c in chunks for o in ((c["choices"][0]["logprobs"] or {}).get("text_offset") or [])]
+    tokens = [t for c in chunks for t in ((c["choices"][0]["logprobs"] or {}).get("tokens") or [])]
+    assert len([c for c in chunks if (c["choices"][0]["logprobs"] or {}).get("tokens")]) > 1
+    assert tokens == whole["choices"][0]["logprobs"]["tokens"]
+    assert offsets == whole["choices"][0]["logprobs"]["text_offset"]
 
 
 def test_token_prompts_that_extend_a_record_continue_its_segment(
