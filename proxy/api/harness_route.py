@@ -26,6 +26,7 @@ from proxy.api.deps import get_state, resolve_session_id, session_of
 from proxy.api.groups import group_from_headers, join_group
 from proxy.api.json_route import OrjsonRoute
 from proxy.app_state import AppState
+from proxy.errors import ProxyError
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 # The dependencies the plain function stands for, in the order FastAPI solves them.
@@ -238,3 +239,23 @@ def include_flat(app: FastAPI, router: APIRouter, *, prefix: str = "", dependenc
             openapi_extra=route.openapi_extra,
             generate_unique_id_function=route.generate_unique_id_function,
         )
+
+
+class FieldNamedRoute(HarnessRoute):
+    """A turn route whose errors name request fields as its dialect's request does: the turn core
+    speaks chat's names (`messages`, `max_tokens`, `response_format`)."""
+
+    field_names: typing.ClassVar[dict[str, str]] = {}
+
+    def get_route_handler(self) -> Handler:
+        handler = super().get_route_handler()
+        names = self.field_names
+
+        async def in_dialect_terms(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ProxyError as exc:
+                exc.param = names.get(exc.param, exc.param) if exc.param is not None else None
+                raise
+
+        return in_dialect_terms

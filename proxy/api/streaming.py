@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import orjson
@@ -61,6 +61,8 @@ class ChunkWriter:
 
     object_name = "chat.completion.chunk"
     logprobs_shape = staticmethod(chat_logprobs)
+    # Request fields the dialect names otherwise than the turn core (an error's `param`).
+    field_names: ClassVar[dict[str, str]] = {}
 
     def __init__(self, completion_id: str, model: str) -> None:
         self.base = {
@@ -81,6 +83,14 @@ class ChunkWriter:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return sse({**self.base, "choices": [choice]})
 
+    def error(self, envelope: dict[str, Any]) -> bytes:
+        """An error event, its `param` named as the dialect's request names it."""
+        error = envelope["error"]
+        param = error.get("param")
+        if param in self.field_names:
+            envelope = {**envelope, "error": {**error, "param": self.field_names[param]}}
+        return sse(envelope)
+
     def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
         usage = {
             "prompt_tokens": prompt_tokens,
@@ -90,11 +100,16 @@ class ChunkWriter:
         return sse({**self.base, "choices": [], "usage": usage})
 
 
+# The turn core names request fields as chat does; a legacy completion's prompt is `prompt`.
+COMPLETION_FIELD_NAMES = {"messages": "prompt"}
+
+
 class TextChunkWriter(ChunkWriter):
     """Chunks of a legacy text completion stream: `text` instead of a delta, no role chunk."""
 
     object_name = "text_completion"
     logprobs_shape = staticmethod(completion_logprobs)
+    field_names = COMPLETION_FIELD_NAMES
 
     def delta(
         self,
@@ -237,7 +252,7 @@ async def _choice_events(
         invalid = isinstance(exc, InvalidEngineAnswer)
         if turns.metrics is not None:
             turns.metrics.failed(exc.status_code, exc.code, isinstance(exc, EngineError))
-        yield sse(exc.envelope())
+        yield writer.error(exc.envelope())
     finally:
         if pending is not None and not pending.done():
             pending.cancel()

@@ -14,17 +14,22 @@ from fastapi import APIRouter, Request, Response
 
 from proxy.api.answering import answer, retried_session
 from proxy.api.deps import SessionIdDep, StateDep
-from proxy.api.harness_route import HarnessRoute
+from proxy.api.harness_route import FieldNamedRoute
 from proxy.api.logprobs import answered_logprobs, completion_logprobs
 from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import CompletionRequest
-from proxy.api.streaming import StreamOptions
+from proxy.api.streaming import COMPLETION_FIELD_NAMES, StreamOptions
 from proxy.app_state import AppState
 from proxy.dialects.chat import sampling_params
 from proxy.dialects.shared import for_model
 from proxy.turns import TurnRequest, TurnResult
 
-router = APIRouter(prefix="/v1", tags=["openai"], route_class=HarnessRoute)
+
+class CompletionsRoute(FieldNamedRoute):
+    field_names = COMPLETION_FIELD_NAMES
+
+
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=CompletionsRoute)
 
 
 async def _prompt_ids(body: CompletionRequest, state: AppState) -> list[int]:

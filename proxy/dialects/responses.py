@@ -8,7 +8,6 @@ session without the client resending history (the proxy holds the record, whatev
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
 import orjson
@@ -17,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.api.answering import retried_session
 from proxy.api.deps import SessionIdDep, StateDep, check_session_id
-from proxy.api.harness_route import HarnessRoute
+from proxy.api.harness_route import FieldNamedRoute
 from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import Shallow
 from proxy.app_state import AppState
@@ -36,30 +35,18 @@ from proxy.dialects.responses_input import (
     input_conversion,
     input_messages,
 )
-from proxy.dialects.responses_output import ResponseShape, responses_param
+from proxy.dialects.responses_output import RESPONSES_FIELD_NAMES, ResponseShape
 from proxy.dialects.responses_stream import response_events
 from proxy.dialects.seals import Sealer
 from proxy.dialects.shared import for_model, turn_request
 from proxy.dialects.turn_events import answer_turn
-from proxy.errors import InvalidRequest, NotFound, ProxyError, UnsupportedParameter
+from proxy.errors import InvalidRequest, NotFound, UnsupportedParameter
 from proxy.store.prompts import rebuild
 from proxy.store.repository import Repository
 
 
-class ResponsesRoute(HarnessRoute):
-    """Errors name the field as the Responses request does (the turn core speaks chat's names)."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def in_responses_terms(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except ProxyError as exc:
-                exc.param = responses_param(exc.param)
-                raise
-
-        return in_responses_terms
+class ResponsesRoute(FieldNamedRoute):
+    field_names = RESPONSES_FIELD_NAMES
 
 
 router = APIRouter(prefix="/v1", tags=["responses"], route_class=ResponsesRoute)

@@ -14,12 +14,16 @@ from proxy.dialects.seals import Sealer
 from proxy.turns import TurnResult
 
 # The turn core names request fields as chat does; a Responses client sent these under other names.
-_FIELD_NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
+RESPONSES_FIELD_NAMES = {
+    "messages": "input",
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+}
 
 
 def responses_param(param: str | None) -> str | None:
     """An error's `param` as the Responses request names that field."""
-    return _FIELD_NAMES.get(param, param) if param is not None else None
+    return RESPONSES_FIELD_NAMES.get(param, param) if param is not None else None
 
 
 @dataclass(frozen=True)

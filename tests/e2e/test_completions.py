@@ -143,3 +143,21 @@ def test_completion_retries_are_answered_from_the_record(
         return "".join(choice["text"] for event in events for choice in event["choices"])
 
     assert text(replayed) == text(streamed) == "ok"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_errors_name_the_prompt_not_messages(proxy_url: str, stream: bool) -> None:
+    """The turn core names the prompt `messages`, as chat does; a completions client sent `prompt`."""
+    body = {"model": "m", "max_tokens": 4, "prompt": [100] * 40_000, "stream": stream}
+    answer = httpx.post(f"{proxy_url}/sessions/long/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert error["param"] == "prompt"
+
+
+def test_a_completion_streams_error_event_names_the_prompt() -> None:
+    from proxy.api.streaming import TextChunkWriter
+
+    event = TextChunkWriter("cmpl-x", "m").error({"error": {"message": "too long", "param": "messages"}})
+    assert json.loads(event.removeprefix(b"data: "))["error"]["param"] == "prompt"
