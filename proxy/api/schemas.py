@@ -45,6 +45,18 @@ Shallow = BeforeValidator(shallow_json)
 
 # Fields that change nothing about the sample: accepted and not acted on.
 _INERT_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})
+# Values of fields this proxy otherwise refuses that ask for nothing it does not do anyway.
+_NO_OPS: dict[str, Any] = {"logit_bias": {}, "modalities": ["text"]}
+
+
+def refuse_unsupported(extras: dict[str, Any] | None, inert: frozenset[str]) -> None:
+    """A field this proxy cannot honour (not a declared one, not `inert`) is a 400 naming it. One
+    sent as null (unset: many clients send every field) or with a value that asks for nothing
+    (`logit_bias: {}`) is honoured as it is."""
+    for name, value in (extras or {}).items():
+        if name in inert or value is None or (name in _NO_OPS and value == _NO_OPS[name]):
+            continue
+        raise UnsupportedParameter(f"parameter {name!r} is not supported by tito-proxy", param=name)
 
 
 # Every request model is strict, as OpenAI's and Anthropic's APIs are: "32" is not an integer and
@@ -187,13 +199,18 @@ class SamplingRequest(BaseModel):
 
     def check_supported(self) -> None:
         """Reject what this proxy cannot honour exactly, naming the parameter."""
-        for name in self.model_extra or {}:
-            if name not in _INERT_FIELDS:
-                raise UnsupportedParameter(f"parameter {name!r} is not supported by tito-proxy", param=name)
+        refuse_unsupported(self.model_extra, _INERT_FIELDS)
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("stream_options is only allowed with stream=true", param="stream_options")
-        if self.stream_options and set(self.stream_options) - {"include_usage"}:
-            raise UnsupportedParameter("stream_options supports include_usage only", param="stream_options")
+        # Obfuscation pads stream events to hide their sizes; this proxy never pads them.
+        asked = {
+            k for k, v in (self.stream_options or {}).items() if (k, v) != ("include_obfuscation", False)
+        }
+        if asked - {"include_usage"}:
+            raise UnsupportedParameter(
+                "stream_options supports include_usage (and include_obfuscation: false) only",
+                param="stream_options",
+            )
 
     @property
     def stop_sequences(self) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from proxy.api.answering import retried_session
 from proxy.api.deps import SessionIdDep, StateDep
 from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
-from proxy.api.schemas import Shallow
+from proxy.api.schemas import Shallow, refuse_unsupported
 from proxy.dialects.anthropic_errors import error_body
 from proxy.dialects.anthropic_input import (
     anthropic_message,
@@ -119,9 +119,7 @@ class MessagesRequest(BaseModel):
     output_config: Annotated[dict[str, Any] | None, Shallow] = None
 
     def check_supported(self) -> None:
-        for name in self.model_extra or {}:
-            if name not in _INERT:
-                raise UnsupportedParameter(f"parameter {name!r} is not supported by tito-proxy", param=name)
+        refuse_unsupported(self.model_extra, _INERT)
         edits = (self.context_management or {}).get("edits") or []
         if not isinstance(edits, list) or not all(isinstance(edit, dict) for edit in edits):
             raise InvalidRequest(

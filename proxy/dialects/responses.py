@@ -18,7 +18,7 @@ from proxy.api.answering import retried_session
 from proxy.api.deps import SessionIdDep, StateDep, check_session_id
 from proxy.api.harness_route import FieldNamedRoute
 from proxy.api.retries import RetryIdentity
-from proxy.api.schemas import Shallow
+from proxy.api.schemas import Shallow, refuse_unsupported
 from proxy.app_state import AppState
 from proxy.chat.messages import Message
 from proxy.dialects.converted_history import (
@@ -93,9 +93,7 @@ class ResponsesRequest(BaseModel):
     top_logprobs: int | None = None
 
     def check_supported(self) -> None:
-        for name in self.model_extra or {}:
-            if name not in _INERT:
-                raise UnsupportedParameter(f"parameter {name!r} is not supported by tito-proxy", param=name)
+        refuse_unsupported(self.model_extra, _INERT)
         if self.parallel_tool_calls is False:
             raise UnsupportedParameter(
                 "parallel_tool_calls=false cannot be enforced", param="parallel_tool_calls"

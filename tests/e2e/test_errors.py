@@ -222,3 +222,52 @@ def test_integers_beyond_the_database_range_are_400(
 ) -> None:
     httpx.post(f"{proxy_url}/sessions", json={"id": "s"})
     _error(httpx.request(method, proxy_url + path, json=body), 400)
+
+
+CHAT = {"model": "m", "messages": USER, "max_tokens": 4}
+RESPONSES = {"model": "m", "input": "hi", "max_output_tokens": 16}
+MESSAGES = {"model": "m", "messages": USER, "max_tokens": 4}
+# (route, body): fields the proxy refuses when they ask for something, sent unset (null, as clients
+# that send every field do) or with a value that asks for nothing this proxy does not do anyway.
+ASK_FOR_NOTHING: list[tuple[str, dict[str, Any]]] = [
+    *(
+        ("/v1/chat/completions", {**CHAT, name: None})
+        for name in ("logit_bias", "functions", "function_call", "audio", "prediction", "web_search_options")
+    ),
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {}}),
+    ("/v1/chat/completions", {**CHAT, "modalities": ["text"]}),
+    ("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"include_obfuscation": False}}),
+    ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 4, "logit_bias": None}),
+    *(("/v1/responses", {**RESPONSES, name: None}) for name in ("max_tool_calls", "prompt", "conversation")),
+    ("/v1/messages", {**MESSAGES, "mcp_servers": None}),
+]
+
+
+@pytest.mark.parametrize(
+    ("route", "body"), ASK_FOR_NOTHING, ids=[f"{r}:{sorted(b)}" for r, b in ASK_FOR_NOTHING]
+)
+def test_a_refused_field_sent_unset_or_asking_for_nothing_is_served(
+    proxy_url: str, route: str, body: dict[str, Any]
+) -> None:
+    answer = httpx.post(f"{proxy_url}/sessions/noop{route}", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        ("/v1/chat/completions", {**CHAT, "logit_bias": {"1": 2}}, "logit_bias"),
+        ("/v1/chat/completions", {**CHAT, "modalities": ["text", "audio"]}, "modalities"),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "stream": True, "stream_options": {"include_obfuscation": True}},
+            "stream_options",
+        ),
+        ("/v1/responses", {**RESPONSES, "max_tool_calls": 3}, "max_tool_calls"),
+    ],
+)
+def test_the_same_fields_asking_for_something_are_refused(
+    proxy_url: str, route: str, body: dict[str, Any], param: str
+) -> None:
+    answer = httpx.post(f"{proxy_url}/sessions/asks{route}", json=body, timeout=30)
+    assert _error(answer, 400)["param"] == param
