@@ -17,6 +17,14 @@ from proxy.api.deps import SessionIdDep, StateDep
 from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import Shallow, refuse_unsupported
+from proxy.dialects.anthropic_checks import (
+    check_context_management,
+    check_metadata,
+    check_output_config,
+    check_thinking,
+    check_tool_pairs,
+    thinking_omitted,
+)
 from proxy.dialects.anthropic_errors import error_body
 from proxy.dialects.anthropic_input import (
     anthropic_message,
@@ -119,25 +127,12 @@ class MessagesRequest(BaseModel):
     output_config: Annotated[dict[str, Any] | None, Shallow] = None
 
     def check_supported(self) -> None:
+        """What Anthropic's API refuses beyond the fields' types, and what this proxy cannot honour."""
         refuse_unsupported(self.model_extra, _INERT)
-        edits = (self.context_management or {}).get("edits") or []
-        if not isinstance(edits, list) or not all(isinstance(edit, dict) for edit in edits):
-            raise InvalidRequest(
-                "context_management.edits must be a list of objects", param="context_management"
-            )
-        for edit in edits:
-            # Edits that keep everything change nothing; others would rewrite the history server-side.
-            if edit.get("keep") != "all":
-                raise UnsupportedParameter(
-                    f"context edit {edit.get('type')!r} would drop history; only keep: all",
-                    param="context_management",
-                )
-        if set(self.output_config or {}) - {"effort", "format"}:
-            raise UnsupportedParameter("output_config supports effort and format", param="output_config")
-        if not isinstance((self.output_config or {}).get("effort", ""), str):
-            raise InvalidRequest("output_config.effort must be a string", param="output_config.effort")
-        if not isinstance((self.output_config or {}).get("format") or {}, dict):
-            raise InvalidRequest("output_config.format must be an object", param="output_config.format")
+        check_metadata(self.model_extra)
+        check_context_management(self.context_management)
+        check_output_config(self.output_config)
+        check_thinking(self.thinking)
         if "" in (self.stop_sequences or []):
             # An empty sequence would end every turn before its first token.
             raise InvalidRequest("stop_sequences must not hold an empty string", param="stop_sequences")
@@ -147,27 +142,16 @@ class MessagesRequest(BaseModel):
             raise UnsupportedParameter(
                 "a final assistant message (prefill) is not supported", param="messages"
             )
-        if (self.thinking or {}).get("type") not in (
-            None,
-            "enabled",
-            "disabled",
-            "adaptive",
-            "between_tools",
-        ):
-            raise UnsupportedParameter("unknown thinking type", param="thinking.type")
 
     def template_kwargs(self) -> dict[str, Any] | None:
         return template_kwargs(self.thinking, self.output_config)
 
     def response_format(self) -> dict[str, Any] | None:
+        """output_config.format as chat's response_format (checked by check_output_config)."""
         found = (self.output_config or {}).get("format")
         if found is None:
             return None
-        if found.get("type") != "json_schema":
-            raise UnsupportedParameter(
-                "output_config.format must be json_schema", param="output_config.format"
-            )
-        return {"type": "json_schema", "json_schema": {"name": "output", "schema": found.get("schema")}}
+        return {"type": "json_schema", "json_schema": {"name": "output", "schema": found["schema"]}}
 
 
 class CountTokensRequest(BaseModel):
@@ -181,6 +165,25 @@ class CountTokensRequest(BaseModel):
     tool_choice: Annotated[dict[str, Any] | None, Shallow] = None
     thinking: Annotated[dict[str, Any] | None, Shallow] = None
     output_config: Annotated[dict[str, Any] | None, Shallow] = None
+    context_management: Annotated[dict[str, Any] | None, Shallow] = None
+    # A Messages request's own fields, which change what is sampled, not the prompt: checked as
+    # there, not counted.
+    max_tokens: int | None = Field(default=None, ge=1)
+    stop_sequences: list[str] | None = Field(default=None, max_length=32)
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    stream: bool | None = None
+
+    def check_supported(self) -> None:
+        """As a Messages request is checked; a count is one answer, never a stream."""
+        refuse_unsupported(self.model_extra, _INERT)
+        check_metadata(self.model_extra)
+        check_context_management(self.context_management)
+        check_output_config(self.output_config)
+        check_thinking(self.thinking)
+        if self.stream:
+            raise InvalidRequest("count_tokens does not stream", param="stream")
 
 
 # What a Messages request's items are converted under (no more than the dialect: the system text is
@@ -194,11 +197,14 @@ def message_forms(
     session: tuple[str, bool],
     body: MessagesRequest,
     tools: AnthropicTools,
+    *,
+    changed: list[int] | None = None,
 ) -> Forms:
     """The request's messages and their forms; a message the session's previous request sent the
     very same, at the same place, is not converted again (proxy/dialects/converted_history.py),
     unless it read the tool list (a tool result's tool_reference blocks: they load deferred tools,
-    in order, and show the tools' definitions)."""
+    in order, and show the tools' definitions). `changed` collects the indices of the messages
+    converted anew."""
     named = None if session[1] else session[0]  # a new session's id is never sent again
     known = histories.find(named, _CONTEXT)
     texts: list[bytes | None] = (
@@ -214,6 +220,8 @@ def message_forms(
         read = tools.references
         made = anthropic_message(body.messages[index], index, sealer, tools)
         conversion.add(index, made, reusable=tools.references == read)
+        if changed is not None:
+            changed.append(index)
         index += 1
     forms, made_now = conversion.finished(_CONTEXT)
     histories.keep(named, made_now)
@@ -229,7 +237,9 @@ async def create_message(
     identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
     session_id = await retried_session(state, session, identity)
     tools = AnthropicTools.of(body.tools)
-    messages = message_forms(state.converted_histories, sealer, session, body, tools)
+    changed: list[int] = []
+    messages = message_forms(state.converted_histories, sealer, session, body, tools, changed=changed)
+    check_tool_pairs(body.messages, changed)
     request = turn_request(
         state,
         dialect="anthropic",
@@ -251,7 +261,13 @@ async def create_message(
 
     def shape(request_id: str) -> MessageShape:
         # Named by the turn's request id: a retry answered from the record has the original's.
-        return MessageShape(f"msg_{request_id}", body.model, sealer, tuple(body.stop_sequences or ()))
+        return MessageShape(
+            f"msg_{request_id}",
+            body.model,
+            sealer,
+            tuple(body.stop_sequences or ()),
+            omit_thinking=thinking_omitted(body.thinking),
+        )
 
     return await answer_turn(
         state,
@@ -269,9 +285,12 @@ async def create_message(
 async def count_tokens(body: CountTokensRequest, state: StateDep, session: SessionIdDep) -> dict[str, Any]:
     """The length of the prompt this request would be sent as its session's next turn: planned by the
     turn core (the session's pinned date, a continued recorded call's ids), nothing sampled."""
+    body.check_supported()
+    await state.model_names.choose(body.model)  # a name /v1/messages refuses is refused here too
     session_id, _ = session
     tools = AnthropicTools.of(body.tools)
     messages = anthropic_messages(body.system, body.messages, state.sealer, tools)
+    check_tool_pairs(body.messages, list(range(len(body.messages))))
     kwargs = template_kwargs(body.thinking, body.output_config)
     # tool_choice changes what may be sampled, not the prompt; sampling fields are not counted.
     request = turn_request(

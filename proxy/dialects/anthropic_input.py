@@ -68,6 +68,17 @@ def _tool_use(block: dict[str, Any], param: str) -> dict[str, Any]:
     }
 
 
+def _thinking(block: dict[str, Any], sealer: Sealer, param: str) -> tuple[str, bool]:
+    """A thinking block's reasoning and whether we issued it: its signature seals its text, or
+    (thinking.display "omitted", the text left out) carries it."""
+    thought = _string(block, "thinking", param)
+    signature = str(block.get("signature", ""))
+    if sealer.verifies(thought, signature):
+        return thought, True
+    carried = sealer.opened(signature) if thought == "" else None
+    return (carried, True) if carried is not None else (thought, False)
+
+
 def _assistant(content: Any, sealer: Sealer, param: str) -> Message:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
@@ -80,9 +91,9 @@ def _assistant(content: Any, sealer: Sealer, param: str) -> Message:
         if kind == "text":
             texts.append(_string(block, "text", param))
         elif kind == "thinking":
-            thought = _string(block, "thinking", param)
+            thought, sealed = _thinking(block, sealer, param)
             thoughts.append(thought)
-            verified = verified and sealer.verifies(thought, str(block.get("signature", "")))
+            verified = verified and sealed
         elif kind == "redacted_thinking":
             verified = False  # we never redact: this is not reasoning we sampled
         elif kind == "tool_use":
@@ -118,6 +129,12 @@ def _result_text(content: Any, tools: AnthropicTools, param: str) -> str:
 
 
 def _user(content: Any, tools: AnthropicTools, param: str) -> list[Message]:
+    if content in ("", []):
+        raise InvalidRequest(
+            f"{param.removesuffix('.content')}: all messages must have non-empty content except for "
+            "the optional final assistant message",
+            param=param,
+        )
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     found: list[Message] = []
@@ -125,11 +142,15 @@ def _user(content: Any, tools: AnthropicTools, param: str) -> list[Message]:
     for block in _blocks(content, param):
         kind = _block_type(block)
         if kind == "tool_result":
+            if not isinstance(block.get("is_error", False), bool):
+                raise InvalidRequest("tool_result.is_error must be a boolean", param=param)
             text = _result_text(block.get("content"), tools, param)
             call_id = _string(block, "tool_use_id", param)
             found.append({"role": "tool", "tool_call_id": call_id, "content": text})
         elif kind == "text":
-            texts.append(_string(block, "text", param))
+            if _string(block, "text", param) == "":
+                raise InvalidRequest("text content blocks must be non-empty", param=param)
+            texts.append(block["text"])
         else:
             raise UnsupportedParameter(f"user blocks of type {kind!r} are not supported", param=param)
     if texts:
@@ -172,6 +193,7 @@ def anthropic_message(
 
 
 def chat_tool_choice(choice: dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """Anthropic's tool_choice as chat's: auto and none as they are, any as required, a tool by name."""
     if choice is None:
         return None
     if choice.get("disable_parallel_tool_use"):
@@ -184,5 +206,10 @@ def chat_tool_choice(choice: dict[str, Any] | None) -> str | dict[str, Any] | No
     if kind == "any":
         return "required"
     if kind == "tool":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    raise InvalidRequest(f"unknown tool_choice type {kind!r}", param="tool_choice")
+        name = choice.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest("tool_choice of type 'tool' needs the tool's name", param="tool_choice.name")
+        return {"type": "function", "function": {"name": name}}
+    raise InvalidRequest(
+        f"tool_choice.type is 'auto', 'any', 'tool' or 'none', not {kind!r}", param="tool_choice.type"
+    )

@@ -20,9 +20,21 @@ class MessageShape:
     model: str
     sealer: Sealer
     stop_sequences: tuple[str, ...]
+    # thinking.display "omitted": the reasoning is left out of the answer, and its signature
+    # carries it (sealed) so that the echoed block continues the turn as the full one would.
+    omit_thinking: bool = False
 
     def thinking_block(self, text: str) -> dict[str, Any]:
-        return {"type": "thinking", "thinking": text, "signature": self.sealer.signature(text)}
+        return {
+            "type": "thinking",
+            "thinking": "" if self.omit_thinking else text,
+            "signature": self.seal(text),
+        }
+
+    def seal(self, text: str) -> str:
+        """A thinking block's signature: the seal of its text, or with the text omitted, the text
+        and its seal in one opaque string."""
+        return self.sealer.envelope(text) if self.omit_thinking else self.sealer.signature(text)
 
     def content(self, result: TurnResult) -> list[dict[str, Any]]:
         parsed = result.output

@@ -64,6 +64,8 @@ class _Blocks:
             )
             events.append(_event("content_block_start", index=self.index, content_block=block))
         self.text += text
+        if kind == "thinking" and self.shape.omit_thinking:
+            return events  # only its signature goes out, at the block's end
         delta = (
             {"type": "thinking_delta", "thinking": text}
             if kind == "thinking"
@@ -80,7 +82,7 @@ class _Blocks:
             return []
         events = []
         if self.open_kind == "thinking":
-            signature = self.shape.sealer.signature(self.text)
+            signature = self.shape.seal(self.text)
             delta = {"type": "signature_delta", "signature": signature}
             events.append(_event("content_block_delta", index=self.index, delta=delta))
         events.append(_event("content_block_stop", index=self.index))

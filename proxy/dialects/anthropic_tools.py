@@ -5,10 +5,14 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.errors import InvalidRequest, UnsupportedParameter
+
+# Anthropic's pattern for a tool's name.
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 
 
 def _chat_tool(tool: dict[str, Any], param: str) -> dict[str, Any]:
@@ -20,11 +24,19 @@ def _chat_tool(tool: dict[str, Any], param: str) -> dict[str, Any]:
     name, schema = tool.get("name"), tool.get("input_schema")
     if not isinstance(name, str) or not name:
         raise InvalidRequest("a tool needs a name", param=f"{param}.name")
+    if not _TOOL_NAME.match(name):
+        raise InvalidRequest(
+            f"a tool's name matches {_TOOL_NAME.pattern} (letters, digits, _ and -)", param=f"{param}.name"
+        )
     if schema is not None and not isinstance(schema, dict):
         raise InvalidRequest("a tool's input_schema must be an object", param=f"{param}.input_schema")
+    description = tool.get("description")
+    if description is not None and not isinstance(description, str):
+        raise InvalidRequest("a tool's description must be a string", param=f"{param}.description")
     function: dict[str, Any] = {"name": name}
-    if tool.get("description") is not None:
-        function["description"] = tool["description"]
+    if description is not None:
+        function["description"] = description
+    # Anthropic requires a schema; a tool sent without one is offered as taking no input.
     function["parameters"] = schema or {"type": "object", "properties": {}}
     return {"type": "function", "function": function}
 
@@ -51,6 +63,8 @@ class AnthropicTools:
             if not isinstance(defer, bool):
                 raise InvalidRequest("defer_loading must be a boolean", param=f"tools[{index}].defer_loading")
             name = chat["function"]["name"]
+            if name in by_name:
+                raise InvalidRequest(f"tool names must be unique: {name!r}", param=f"tools[{index}].name")
             by_name[name] = chat
             if defer:
                 deferred.add(name)

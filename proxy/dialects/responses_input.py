@@ -215,8 +215,19 @@ def _function(tool: Any, *, prefix: str, param: str) -> dict[str, Any]:
 
 
 def chat_tool_choice(choice: Any) -> str | dict[str, Any] | None:
-    if choice is None or isinstance(choice, str):
-        return choice
+    """The Responses tool_choice as chat's: a mode as it is, a function by name."""
+    if choice is None:
+        return None
+    if choice in ("auto", "none", "required"):
+        return str(choice)
     if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    raise UnsupportedParameter("tool_choice must be auto, none, required or a function", param="tool_choice")
+        name = choice.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(
+                "tool_choice of type 'function' names its function: {'type': 'function', 'name': ...}",
+                param="tool_choice.name",
+            )
+        return {"type": "function", "function": {"name": name}}
+    raise UnsupportedParameter(
+        "tool_choice is 'auto', 'none', 'required' or {'type': 'function', 'name': ...}", param="tool_choice"
+    )

@@ -357,3 +357,74 @@ def test_claude_codes_moving_cache_marker_and_system_shapes_keep_one_exact_segme
     [segment] = segments(proxy_url, "a-moving")
     assert segment["num_calls"] == 3
     assert_invariants(segment, engine.requests, outputs)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_omitted_thinking_is_left_out_and_its_echo_continues_the_segment(
+    proxy_url: str,
+    engine: FakeSGLang,
+    qwen_tokenizer: Tokenizer,
+    request: pytest.FixtureRequest,
+    streamed: bool,
+) -> None:
+    """thinking.display "omitted": the answer's thinking block is empty and its signature carries the
+    reasoning, so the echoed block continues the turn exactly as the full one would."""
+    session = f"a-omitted-{streamed}"
+    client = client_for(proxy_url, session)
+    request.addfinalizer(client.close)
+    outputs = [
+        push(
+            engine, qwen_tokenizer, "<think>\nSecret plan.\n</think>\n\n" + call_text("lookup", {"word": "a"})
+        ),
+        push(engine, qwen_tokenizer, "<think>\nDone.\n</think>\n\nFound."),
+    ]
+    arguments: Any = {
+        "model": "m",
+        "max_tokens": 512,
+        "tools": TOOLS,
+        "thinking": {**THINKING, "display": "omitted"},
+    }
+    messages: list[Any] = [{"role": "user", "content": "Define a."}]
+    deltas: list[str] = []
+    if streamed:
+        with client.messages.stream(messages=messages, **arguments) as stream:
+            deltas = [e.delta.type for e in stream if e.type == "content_block_delta"]
+            first = stream.get_final_message()
+    else:
+        first = client.messages.create(messages=messages, **arguments)
+    thinking = first.content[0]
+    assert thinking.type == "thinking"
+    assert thinking.thinking == ""
+    assert thinking.signature
+    assert "Secret plan" not in first.model_dump_json()
+    if streamed:
+        assert "thinking_delta" not in deltas
+        assert "signature_delta" in deltas
+    use = first.content[1]
+    messages += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "found"}]},
+    ]
+    client.messages.create(messages=messages, **arguments)
+    [segment] = segments(proxy_url, session)
+    assert segment["num_calls"] == 2
+    assert_invariants(segment, engine.requests[-2:], outputs)
+
+
+def test_count_tokens_refuses_what_messages_refuses_beyond_the_conversation(
+    start_proxy: ProxyFactory,
+) -> None:
+    """The same model rule (404 under --strict-model-names), the same fields and types; a count is
+    never streamed. The sampling fields of a Messages request are checked, not counted."""
+    base: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    with start_proxy(strict_model_names=True, served_model_name="m") as url:
+        count = f"{url}/v1/messages/count_tokens"
+        assert httpx.post(count, json=base).status_code == 200
+        assert httpx.post(count, json={**base, "max_tokens": 64, "temperature": 0.5}).status_code == 200
+        unknown = httpx.post(count, json={**base, "model": "claude-sonnet-4-5"})
+        assert unknown.status_code == 404, unknown.text
+        assert unknown.json()["error"]["type"] == "not_found_error"
+        for change in ({"foo": 1}, {"max_tokens": "x"}, {"temperature": 5}, {"stream": True}):
+            refused = httpx.post(count, json={**base, **change})
+            assert refused.status_code == 400, (change, refused.text)
+            assert refused.json()["error"]["type"] == "invalid_request_error"

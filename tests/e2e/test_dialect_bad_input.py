@@ -23,8 +23,14 @@ def _turns(*assistant: Any, result: Any = None) -> list[dict[str, Any]]:
     ]
 
 
+USE = {"type": "tool_use", "id": "t1", "name": "f", "input": {}}
+
+
 BAD_MESSAGES: list[tuple[str, dict[str, Any]]] = [
     ("user content a number", {"messages": [{"role": "user", "content": 5}]}),
+    ("user content empty", {"messages": [{"role": "user", "content": ""}]}),
+    ("user content no blocks", {"messages": [{"role": "user", "content": []}]}),
+    ("empty text block", {"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]}),
     ("user content missing", {"messages": [{"role": "user"}]}),
     ("text block without text", {"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
     ("text block text a number", {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}),
@@ -100,6 +106,39 @@ BAD_MESSAGES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+BAD_MESSAGES += [
+    (
+        "is_error a string",
+        {"messages": _turns(USE, result=[{"type": "tool_result", "tool_use_id": "t1", "is_error": "yes"}])},
+    ),
+    ("a tool_use left unanswered", {"messages": _turns(USE)}),
+    (
+        "a tool_result answering no tool_use",
+        {
+            "messages": _turns(
+                {"type": "text", "text": "x"}, result=[{"type": "tool_result", "tool_use_id": "t9"}]
+            )
+        },
+    ),
+    (
+        "a tool_result answering another tool_use",
+        {"messages": _turns(USE, result=[{"type": "tool_result", "tool_use_id": "t2"}])},
+    ),
+    ("metadata a string", {"metadata": "x"}),
+    ("metadata with another key", {"metadata": {"user_id": "u", "foo": 1}}),
+    ("thinking budget a string", {"thinking": {"type": "enabled", "budget_tokens": "x"}}),
+    ("thinking display unknown", {"thinking": {"type": "enabled", "budget_tokens": 1024, "display": "full"}}),
+    ("a tool name with spaces", {"tools": [{"name": "bad name!", "input_schema": {"type": "object"}}]}),
+    (
+        "two tools of one name",
+        {"tools": [{"name": "f", "input_schema": {}}, {"name": "f", "input_schema": {}}]},
+    ),
+    ("a tool description a number", {"tools": [{"name": "f", "description": 5, "input_schema": {}}]}),
+    ("tool_choice tool without a name", {"tool_choice": {"type": "tool"}}),
+    ("output format without a schema", {"output_config": {"format": {"type": "json_schema"}}}),
+]
+
+
 @pytest.mark.parametrize(("name", "change"), BAD_MESSAGES, ids=[n for n, _ in BAD_MESSAGES])
 def test_a_malformed_messages_body_is_an_anthropic_400(
     proxy_url: str, name: str, change: dict[str, Any]
@@ -110,6 +149,29 @@ def test_a_malformed_messages_body_is_an_anthropic_400(
     assert body["type"] == "error"
     assert body["error"]["type"] == "invalid_request_error"
     assert body["error"]["message"]
+    # Anthropic's own wording, never chat's (response_format, {'type': 'function', ...}).
+    assert "response_format" not in body["error"]["message"]
+    assert "'function'" not in body["error"]["message"]
+
+
+def test_a_tool_loop_whose_results_answer_its_uses_is_served(proxy_url: str) -> None:
+    """The pairing rules refuse nothing that answers every tool_use, also across a mid-conversation
+    system message (Claude Code sends one)."""
+    messages = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": [USE, {**USE, "id": "t2"}]},
+        {"role": "system", "content": "Reminder."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t2", "content": "r2"},
+                {"type": "tool_result", "tool_use_id": "t1", "content": "r1"},
+                {"type": "text", "text": "go on"},
+            ],
+        },
+    ]
+    answer = httpx.post(f"{proxy_url}/sessions/pairs/v1/messages", json={**ANTHROPIC, "messages": messages})
+    assert answer.status_code == 200, answer.text
 
 
 @pytest.mark.parametrize(("name", "change"), BAD_MESSAGES[:4], ids=[n for n, _ in BAD_MESSAGES[:4]])
@@ -268,3 +330,22 @@ def test_a_value_of_the_wrong_json_type_is_refused_not_converted(
         assert error["param"] == field
     else:
         assert field in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "param"),
+    [
+        ({"type": "function", "function": {"name": "f"}}, "tool_choice.name"),  # chat's shape
+        ({"type": "function"}, "tool_choice.name"),
+        ("sometimes", "tool_choice"),
+        ({"type": "allowed_tools", "tools": []}, "tool_choice"),
+    ],
+)
+def test_a_responses_tool_choice_error_speaks_responses(proxy_url: str, tool_choice: Any, param: str) -> None:
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+    body = {**RESPONSES, "tools": tools, "tool_choice": tool_choice}
+    answer = httpx.post(f"{proxy_url}/sessions/tc/v1/responses", json=body, timeout=30)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == param
+    assert "'function': {" not in error["message"]  # never chat's shape as the advice

@@ -1,0 +1,143 @@
+"""What a Messages (or count_tokens) request must hold beyond its fields' types: Anthropic's own
+rules, which its API answers with a 400, and the fields this proxy cannot honour."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.errors import InvalidRequest, UnsupportedParameter
+
+THINKING_TYPES = (None, "enabled", "disabled", "adaptive", "between_tools")
+# "summarized" returns the thinking (the sampled reasoning, which this proxy returns whole);
+# "omitted" leaves it out and carries it in the signature.
+THINKING_DISPLAYS = (None, "summarized", "omitted")
+
+
+def check_thinking(thinking: dict[str, Any] | None) -> None:
+    """`thinking`: a known type and display, and a budget (if any) that is an integer. The budget is
+    not enforced (a soft target at Anthropic too), so neither its minimum nor its relation to
+    max_tokens is held against a request."""
+    if thinking is None:
+        return
+    kind = thinking.get("type")
+    if kind not in THINKING_TYPES:
+        raise UnsupportedParameter(f"unknown thinking type {kind!r}", param="thinking.type")
+    if thinking.get("display") not in THINKING_DISPLAYS:
+        raise InvalidRequest("thinking.display is 'summarized' or 'omitted'", param="thinking.display")
+    budget = thinking.get("budget_tokens")
+    if budget is not None and type(budget) is not int:
+        raise InvalidRequest("thinking.budget_tokens must be an integer", param="thinking.budget_tokens")
+
+
+def thinking_omitted(thinking: dict[str, Any] | None) -> bool:
+    return (thinking or {}).get("display") == "omitted"
+
+
+def check_metadata(extras: dict[str, Any] | None) -> None:
+    """`metadata` holds `user_id` (a string, or null) and nothing else."""
+    metadata = (extras or {}).get("metadata")
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise InvalidRequest("metadata must be an object", param="metadata")
+    for key, value in metadata.items():
+        if key != "user_id":
+            raise InvalidRequest(f"metadata.{key}: only user_id is allowed", param=f"metadata.{key}")
+        if value is not None and not isinstance(value, str):
+            raise InvalidRequest("metadata.user_id must be a string", param="metadata.user_id")
+
+
+def check_output_config(output_config: dict[str, Any] | None) -> None:
+    config = output_config or {}
+    if set(config) - {"effort", "format"}:
+        raise UnsupportedParameter("output_config supports effort and format", param="output_config")
+    if not isinstance(config.get("effort", ""), str):
+        raise InvalidRequest("output_config.effort must be a string", param="output_config.effort")
+    found = config.get("format")
+    if found is None:
+        return
+    if not isinstance(found, dict):
+        raise InvalidRequest("output_config.format must be an object", param="output_config.format")
+    if found.get("type") != "json_schema":
+        raise UnsupportedParameter("output_config.format must be json_schema", param="output_config.format")
+    if not isinstance(found.get("schema"), dict):
+        raise InvalidRequest(
+            "output_config.format of type json_schema needs its schema (an object)",
+            param="output_config.format.schema",
+        )
+
+
+def check_context_management(context_management: dict[str, Any] | None) -> None:
+    edits = (context_management or {}).get("edits") or []
+    if not isinstance(edits, list) or not all(isinstance(edit, dict) for edit in edits):
+        raise InvalidRequest("context_management.edits must be a list of objects", param="context_management")
+    for edit in edits:
+        # Edits that keep everything change nothing; others would rewrite the history server-side.
+        if edit.get("keep") != "all":
+            raise UnsupportedParameter(
+                f"context edit {edit.get('type')!r} would drop history; only keep: all",
+                param="context_management",
+            )
+
+
+def _partner(messages: list[dict[str, Any]], index: int, step: int) -> int | None:
+    """The message before (step -1) or after (+1) `index`, system messages passed over (Claude Code
+    puts them mid-conversation)."""
+    index += step
+    while 0 <= index < len(messages):
+        if messages[index].get("role") != "system":
+            return index
+        index += step
+    return None
+
+
+def _blocks_of(message: dict[str, Any], role: str, kind: str) -> list[dict[str, Any]]:
+    content = message.get("content")
+    if message.get("role") != role or not isinstance(content, list):
+        return []
+    return [b for b in content if isinstance(b, dict) and b.get("type") == kind]
+
+
+def _uses(message: dict[str, Any]) -> list[Any]:
+    return [block.get("id") for block in _blocks_of(message, "assistant", "tool_use")]
+
+
+def _results(message: dict[str, Any]) -> list[Any]:
+    return [block.get("tool_use_id") for block in _blocks_of(message, "user", "tool_result")]
+
+
+def check_tool_pairs(messages: list[dict[str, Any]], changed: list[int]) -> None:
+    """Each tool_use is answered by a tool_result in the next message, and each tool_result answers a
+    tool_use of the message before, as Anthropic's API requires. Checked around the messages
+    `changed`: the others, sent the very same at the same places, were checked when first sent."""
+    around: set[int] = set()
+    for index in changed:
+        around.add(index)
+        around.update(
+            i for i in (_partner(messages, index, -1), _partner(messages, index, 1)) if i is not None
+        )
+    for index in sorted(around):
+        uses = _uses(messages[index])
+        if uses:
+            after = _partner(messages, index, 1)
+            answered = set(_results(messages[after])) if after is not None else set()
+            missing = [use for use in uses if use not in answered]
+            if missing:
+                raise InvalidRequest(
+                    f"messages.{index}: tool_use ids were found without tool_result blocks immediately "
+                    f"after: {', '.join(map(str, missing))}. Each tool_use block must have a "
+                    "corresponding tool_result block in the next message.",
+                    param=f"messages[{index}].content",
+                )
+        results = _results(messages[index])
+        if results:
+            before = _partner(messages, index, -1)
+            asked = set(_uses(messages[before])) if before is not None else set()
+            unexpected = [result for result in results if result not in asked]
+            if unexpected:
+                raise InvalidRequest(
+                    f"messages.{index}.content: unexpected tool_use_id found in tool_result blocks: "
+                    f"{', '.join(map(str, unexpected))}. Each tool_result block must have a "
+                    "corresponding tool_use block in the previous message.",
+                    param=f"messages[{index}].content",
+                )
