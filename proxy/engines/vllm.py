@@ -22,8 +22,9 @@ Mapping (facts from vLLM 0.33.0's source, ../shared/docs/vllm-generate.md):
 - Context: vLLM clamps prompt + max_tokens to `max_model_len` silently, so the proxy checks the
   room itself (margin 0: prompt + output may reach `max_model_len`); `max_tokens: null` on the
   generate route means "up to the limit", and is computed for /v1/completions (where null is 16).
-- Weight versions: `weight_versions` spans are kept per call; the newest span's label is the
-  call's version, except vLLM's "default" (no version named), where the trainer's is recorded.
+- Weight versions: `weight_versions` spans are kept per call; vLLM's "default" (no version named)
+  is recorded as the trainer's version at the call's dispatch; the call's version is its first
+  token's (proxy/turns/recording.py).
 - Abort: `/inference/v1/abort_requests` with vLLM's engine id (`generate-tokens-<id>`; for
   completions `cmpl-<id>-0` through the dev-mode `/abort_requests`); closing a stream aborts too.
 - LoRA: a request for an adapter sends its name as `model` (generate route; the completions route's
