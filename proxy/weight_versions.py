@@ -69,8 +69,9 @@ def version_spans(engine_spans: object, recorded: str | None, length: int) -> li
 
 
 def covering(engine_spans: object, length: int) -> list[dict[str, object]] | None:
-    """The engine's spans when they are spans that cover an output of `length` tokens, else None."""
-    spans = engine_spans if isinstance(engine_spans, list) else []
+    """The engine's spans when they are spans that cover an output of `length` tokens, else None
+    (an empty output has no token to give a version)."""
+    spans = engine_spans if isinstance(engine_spans, list) and length else []
     valid = all(
         isinstance(s, dict) and isinstance(s.get("start"), int) and isinstance(s.get("end"), int)
         for s in spans

@@ -11,7 +11,7 @@ The room is made with SQLite's own machinery, never by writing its files: a tran
 spill to the log (a page cache of a few pages) is rolled back. Its frames stay in the file, past
 the last commit, where no reader or checkpoint looks and the next commits overwrite them; the
 database file and its schema are left as they were. A crash in the middle leaves the same
-uncommitted frames, which recovery ignores.
+uncommitted frames, which recovery ignores. No room is made on a filesystem short of free space.
 """
 
 from __future__ import annotations
@@ -28,12 +28,15 @@ log = logging.getLogger("tito_proxy.store")
 WAL_ROOM_BYTES = 24 << 20
 # Dirty pages held in memory while the room is made: fewer spill to the log sooner.
 _SPILL_CACHE_PAGES = 16
+# No room is made on a filesystem with less free space than this: the room would take space other
+# writers (and this database's own checkpoints) need.
+MIN_FREE_BYTES = 1 << 30
 
 
 def make_wal_room(db: sqlite3.Connection, wal_path: Path, room_bytes: int = WAL_ROOM_BYTES) -> None:
     """Grow the log at `wal_path` (the connection's database's) to about `room_bytes`, unless it is
     that long already; a failure only logs (commits then extend the log as they would have)."""
-    if _size(wal_path) >= room_bytes or _journal_mode(db) != "wal":
+    if _size(wal_path) >= room_bytes or _journal_mode(db) != "wal" or _free(wal_path) < MIN_FREE_BYTES:
         return
     try:
         _spill_and_roll_back(db, room_bytes)
@@ -62,6 +65,12 @@ def _spill_and_roll_back(db: sqlite3.Connection, room_bytes: int) -> None:
 def _journal_mode(db: sqlite3.Connection) -> str:
     [(mode,)] = db.execute("PRAGMA journal_mode").fetchall()
     return str(mode).lower()
+
+
+def _free(path: Path) -> int:
+    """Bytes free to an unprivileged writer on the filesystem holding `path`."""
+    stats = os.statvfs(path.parent)
+    return stats.f_bavail * stats.f_frsize
 
 
 def _size(path: Path) -> int:

@@ -20,3 +20,18 @@ def test_at_least() -> None:
     assert not at_least("9", "10")
     assert at_least("step-12", "step-9")
     assert not at_least(None, "1")  # an unknown version is not known to be fresh
+
+
+def test_an_empty_output_has_no_spans_and_spans_of_one_version_are_joined() -> None:
+    from proxy.weight_versions import covering, labelled
+
+    assert covering([{"version": "v1", "start": 0, "end": 0}], 0) is None
+    spans = [
+        {"version": "default", "start": 0, "end": 2},
+        {"version": None, "start": 2, "end": 3},
+        {"version": "v2", "start": 3, "end": 5},
+    ]
+    assert labelled(spans, "v1") == [
+        {"version": "v1", "start": 0, "end": 3},
+        {"version": "v2", "start": 3, "end": 5},
+    ]

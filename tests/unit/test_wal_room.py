@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.store import wal_room
 from proxy.store.database import upgrade_blocking
 from proxy.store.turn_store import SqliteTurnStore
 from proxy.store.wal_room import WAL_ROOM_BYTES, make_wal_room
@@ -139,3 +140,14 @@ def test_the_turn_store_makes_room_before_its_first_turn(tmp_path: Path) -> None
         assert Path(f"{path}-wal").stat().st_size >= WAL_ROOM_BYTES
     finally:
         asyncio.run(store.close())
+
+
+def test_no_room_is_taken_from_a_filesystem_short_of_space(
+    database: tuple[sqlite3.Connection, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The room would take space other writers and the database's own checkpoints need."""
+    db, path = database
+    monkeypatch.setattr(wal_room, "MIN_FREE_BYTES", 1 << 62)
+    before = Path(f"{path}-wal").stat().st_size
+    make_wal_room(db, Path(f"{path}-wal"), ROOM)
+    assert Path(f"{path}-wal").stat().st_size == before
