@@ -401,6 +401,7 @@ def test_omitted_thinking_is_left_out_and_its_echo_continues_the_segment(
         assert "thinking_delta" not in deltas
         assert "signature_delta" in deltas
     use = first.content[1]
+    assert use.type == "tool_use"
     messages += [
         {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "found"}]},

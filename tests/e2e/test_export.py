@@ -115,7 +115,7 @@ def test_weight_versions_engine_first_then_trainer(
     httpx.post(f"{proxy_url}/admin/weight_version", json={"weight_version": "step-7"})
     engine.weight_version = "engine-3"
     httpx.post(f"{proxy_url}/sessions/w/v1/chat/completions", json=body)
-    engine.weight_version = None  # type: ignore[assignment]
+    engine.weight_version = None
     messages = [
         *body["messages"],
         {"role": "assistant", "content": "ok"},

@@ -178,7 +178,7 @@ def test_reasoning_sealed_by_one_replica_is_recognised_by_the_other(replicas: Re
 
 def test_a_weight_version_set_on_one_replica_is_recorded_by_the_other(replicas: Replicas) -> None:
     replicas.fresh()
-    replicas.engine.weight_version = None  # type: ignore[assignment]  # the engine names none
+    replicas.engine.weight_version = None  # the engine names none
     try:
         url_a, url_b = replicas.urls
         # B has served (and read the version) before A's is set.

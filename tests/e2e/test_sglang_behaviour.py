@@ -153,7 +153,7 @@ def test_the_engines_weight_version_at_start_is_dispatched_until_the_trainer_set
 ) -> None:
     engine.weight_version = "boot-7"  # read from /model_info at start
     with start_proxy() as url:
-        engine.weight_version = None  # type: ignore[assignment]  # answers that name no version
+        engine.weight_version = None  # answers that name no version
         chat = {"model": "m", "messages": USER, "max_tokens": 8}
         first = httpx.post(f"{url}/sessions/w/v1/chat/completions", json=chat, timeout=30).json()
         httpx.post(f"{url}/admin/weight_version", json={"weight_version": "step-1"})

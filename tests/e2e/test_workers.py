@@ -333,7 +333,7 @@ def test_a_weight_version_set_on_one_worker_is_recorded_by_both(
     """The engine names no version: each turn records the trainer's, whichever worker set it and
     whichever answers, after both have served turns under the previous one (no cached version)."""
     env = {"TITO_DB": database_url, "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
-    engine.weight_version = None  # type: ignore[assignment]
+    engine.weight_version = None
     close = {"connection": "close"}
     with spawn_proxy(["--tokenizer", str(qwen_dir), "--workers", "2"], env, tmp_path / "serve.log") as (
         _,

@@ -87,7 +87,7 @@ class FakeSGLang:
     eos_ids: tuple[int, ...]
     context_length: int = 32768
     model_name: str = "fake-model"
-    weight_version: str = "v0"
+    weight_version: str | None = "v0"  # None: the engine names no version
     vocab_size: int = 0
     script: deque[ScriptedOutput] = field(default_factory=deque)
     requests: list[dict[str, Any]] = field(default_factory=list)

@@ -26,7 +26,7 @@ def test_an_empty_output_has_no_spans_and_spans_of_one_version_are_joined() -> N
     from proxy.weight_versions import covering, labelled
 
     assert covering([{"version": "v1", "start": 0, "end": 0}], 0) is None
-    spans = [
+    spans: list[dict[str, object]] = [
         {"version": "default", "start": 0, "end": 2},
         {"version": None, "start": 2, "end": 3},
         {"version": "v2", "start": 3, "end": 5},
