@@ -197,14 +197,13 @@ def message_forms(
     session: tuple[str, bool],
     body: MessagesRequest,
     tools: AnthropicTools,
-    *,
-    changed: list[int] | None = None,
 ) -> Forms:
     """The request's messages and their forms; a message the session's previous request sent the
     very same, at the same place, is not converted again (proxy/dialects/converted_history.py),
     unless it read the tool list (a tool result's tool_reference blocks: they load deferred tools,
-    in order, and show the tools' definitions). `changed` collects the indices of the messages
-    converted anew."""
+    in order, and show the tools' definitions). Tool uses and results are checked to pair up
+    around the messages converted anew before the conversion is kept: a history refused once is
+    never taken again unchecked."""
     named = None if session[1] else session[0]  # a new session's id is never sent again
     known = histories.find(named, _CONTEXT)
     texts: list[bytes | None] = (
@@ -212,6 +211,7 @@ def message_forms(
     )
     conversion = ItemByItem(known, texts, system_messages(body.system))
     index = 0
+    changed: list[int] = []
     while index < len(body.messages):
         taken = conversion.take_again(index)
         if taken:
@@ -220,9 +220,9 @@ def message_forms(
         read = tools.references
         made = anthropic_message(body.messages[index], index, sealer, tools)
         conversion.add(index, made, reusable=tools.references == read)
-        if changed is not None:
-            changed.append(index)
+        changed.append(index)
         index += 1
+    check_tool_pairs(body.messages, changed)
     forms, made_now = conversion.finished(_CONTEXT)
     histories.keep(named, made_now)
     return forms
@@ -237,9 +237,7 @@ async def create_message(
     identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
     session_id = await retried_session(state, session, identity)
     tools = AnthropicTools.of(body.tools)
-    changed: list[int] = []
-    messages = message_forms(state.converted_histories, sealer, session, body, tools, changed=changed)
-    check_tool_pairs(body.messages, changed)
+    messages = message_forms(state.converted_histories, sealer, session, body, tools)
     request = turn_request(
         state,
         dialect="anthropic",
@@ -290,7 +288,6 @@ async def count_tokens(body: CountTokensRequest, state: StateDep, session: Sessi
     session_id, _ = session
     tools = AnthropicTools.of(body.tools)
     messages = anthropic_messages(body.system, body.messages, state.sealer, tools)
-    check_tool_pairs(body.messages, list(range(len(body.messages))))
     kwargs = template_kwargs(body.thinking, body.output_config)
     # tool_choice changes what may be sampled, not the prompt; sampling fields are not counted.
     request = turn_request(

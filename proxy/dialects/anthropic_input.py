@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from proxy.chat.messages import UNVERIFIED_REASONING, Message
+from proxy.dialects.anthropic_checks import check_tool_pairs
 from proxy.dialects.anthropic_tools import AnthropicTools
 from proxy.dialects.seals import Sealer
 from proxy.errors import InvalidRequest, UnsupportedParameter
@@ -167,6 +168,7 @@ def anthropic_messages(
     found = system_messages(system)
     for index, message in enumerate(messages):
         found += anthropic_message(message, index, sealer, tools)
+    check_tool_pairs(messages, list(range(len(messages))))
     return found
 
 

@@ -349,3 +349,16 @@ def test_a_responses_tool_choice_error_speaks_responses(proxy_url: str, tool_cho
     error = answer.json()["error"]
     assert error["param"] == param
     assert "'function': {" not in error["message"]  # never chat's shape as the advice
+
+
+def test_a_history_refused_for_its_tool_pairs_is_refused_again_when_resent_longer(proxy_url: str) -> None:
+    """A session's resent messages are not converted again; one refused is never kept unchecked."""
+    refused = _turns(USE)  # the tool_use is answered by text, not a tool_result
+    url = f"{proxy_url}/sessions/pairs-again/v1/messages"
+    for messages in (
+        refused,
+        [*refused, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "b"}],
+    ):
+        answer = httpx.post(url, json={**ANTHROPIC, "messages": messages}, timeout=30)
+        assert answer.status_code == 400, answer.text
+        assert "tool_use ids were found without tool_result" in answer.json()["error"]["message"]

@@ -224,11 +224,13 @@ def test_a_resent_history_reuses_its_conversion_and_an_edited_one_does_not() -> 
 
 def test_new_sessions_keep_nothing_and_unwritable_items_are_converted_again() -> None:
     histories = ConvertedHistories()
-    message_forms(histories, SEALER, ("new", True), _anthropic(TURN[:1]), AnthropicTools.of(None))
+    message_forms(histories, SEALER, ("new", True), _anthropic(TURN), AnthropicTools.of(None))
     assert len(histories) == 0
     huge = {"role": "assistant", "content": [{**TURN[0]["content"][0], "input": {"n": 2**70}}]}
-    first = message_forms(histories, SEALER, SESSION, _anthropic([huge]), AnthropicTools.of(None))
-    again = message_forms(histories, SEALER, SESSION, _anthropic([huge, *TURN[1:]]), AnthropicTools.of(None))
+    first = message_forms(histories, SEALER, SESSION, _anthropic([huge, *TURN[1:]]), AnthropicTools.of(None))
+    again = message_forms(
+        histories, SEALER, SESSION, _anthropic([huge, *TURN[1:], *TURN]), AnthropicTools.of(None)
+    )
     assert again.messages[0] == first.messages[0]
     assert again.messages[0] is not first.messages[0]
 
@@ -297,7 +299,7 @@ def test_a_loaded_deferred_tool_stays_loaded_and_its_definitions_follow_the_tool
 def test_entries_stay_within_their_count(budget: int) -> None:
     histories = ConvertedHistories(max_entries=budget)
     for n in range(5):
-        message_forms(histories, SEALER, (f"s{n}", False), _anthropic(TURN[:1]), AnthropicTools.of(None))
+        message_forms(histories, SEALER, (f"s{n}", False), _anthropic(TURN), AnthropicTools.of(None))
     assert len(histories) == budget
     assert histories.bytes > 0
     for n in range(5):
@@ -312,7 +314,7 @@ def test_items_equal_in_python_but_written_otherwise_are_converted_again(resent:
         "role": "assistant",
         "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"n": 1}}],
     }
-    message_forms(histories, SEALER, SESSION, _anthropic([call]), AnthropicTools.of(None))
+    message_forms(histories, SEALER, SESSION, _anthropic([call, *TURN[1:]]), AnthropicTools.of(None))
     edited = {"role": "assistant", "content": [{**call["content"][0], "input": {"n": resent}}]}
     assert edited == call  # Python's equality cannot tell them apart
     forms = message_forms(
@@ -320,7 +322,8 @@ def test_items_equal_in_python_but_written_otherwise_are_converted_again(resent:
     )
     arguments = forms.messages[0]["tool_calls"][0]["function"]["arguments"]
     assert (
-        arguments == anthropic_messages(None, [edited], SEALER)[0]["tool_calls"][0]["function"]["arguments"]
+        arguments
+        == anthropic_messages(None, [edited, *TURN[1:]], SEALER)[0]["tool_calls"][0]["function"]["arguments"]
     )
     assert arguments != '{"n": 1}'
 
