@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from proxy.chat.messages import Message
 from proxy.ids import random_hex
-from proxy.json_limits import loads_bounded
+from proxy.json_limits import bounded, loads_bounded
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,8 @@ def split_reasoning(text: str, *, opened: bool = False) -> tuple[str | None, str
 CallsParser = Callable[[str], tuple[str, list[dict[str, Any]]] | None]
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_JSON = json.JSONDecoder()
+_LLAMA_SEPARATOR = re.compile(r"\s*;\s*")
 _CODER_FUNCTION = re.compile(r"<function=([^>\n]+)>\s*(.*?)\s*</function>", re.DOTALL)
 _CODER_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 _GLM_CALL = re.compile(r"<tool_call>([^\n<]+)(.*?)</tool_call>", re.DOTALL)
@@ -140,17 +142,28 @@ def glm45_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
 
 
 def llama3_json_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
+    """Llama 3's JSON calls: one object, or several separated by `;` (as vLLM's llama3_json reads
+    them); anything else, an object that is no call included, is content."""
     stripped = text.strip().removeprefix("<|python_tag|>").strip()
     if not stripped.startswith("{"):
         return text, []
-    try:
-        payload = loads_bounded(stripped)
-    except ValueError:
-        return text, []  # ordinary content that happens to start with a brace
-    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-        return text, []
-    arguments = payload.get("parameters", payload.get("arguments", {}))
-    return "", [_call(payload["name"], arguments)]
+    calls: list[dict[str, Any]] = []
+    at = 0
+    while True:
+        try:
+            payload, end = _JSON.raw_decode(stripped, at)
+            bounded(payload)
+        except (ValueError, RecursionError):
+            return text, []  # ordinary content that happens to start with a brace
+        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+            return text, []
+        calls.append(_call(payload["name"], payload.get("parameters", payload.get("arguments", {}))))
+        if end == len(stripped):
+            return "", calls
+        separator = _LLAMA_SEPARATOR.match(stripped, end)
+        if separator is None or separator.end() == len(stripped):
+            return text, []
+        at = separator.end()
 
 
 def mistral_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:

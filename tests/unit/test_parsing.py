@@ -88,3 +88,30 @@ def test_tool_choice_none_leaves_call_markup_in_the_content() -> None:
     parsed = OutputParser("hermes", parse_reasoning=False, tool_calls=False).parse(text)
     assert parsed.tool_calls == []
     assert parsed.content == text
+
+
+def test_llama3_json_calls_one_or_several_separated_by_semicolons() -> None:
+    from proxy.chat.parsing import llama3_json_calls
+
+    one = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+    two = one + '; {"name": "get_weather", "parameters": {"city": "Lyon"}}'
+    for text, cities in (
+        (one, ["Paris"]),
+        (two, ["Paris", "Lyon"]),
+        ("<|python_tag|>" + two, ["Paris", "Lyon"]),
+    ):
+        found = llama3_json_calls(text)
+        assert found is not None
+        content, calls = found
+        assert content == ""
+        assert [json.loads(c["function"]["arguments"])["city"] for c in calls] == cities
+    # Anything that is not calls all through is content, whole.
+    for text in (
+        one + "; and that is all",
+        one + ";",
+        one + " trailing",
+        '{"answer": 4}',
+        one + '; {"answer": 4}',
+        "{" * 5000 + "}" * 5000,
+    ):
+        assert llama3_json_calls(text) == (text, [])
