@@ -47,13 +47,13 @@ def trajectory_step(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _example_ids(rows: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """verifiers numbers its examples: a numeric group id is kept, others numbered in order."""
-    ids: dict[str, int] = {}
-    for row in rows:
-        group = str(row.get("group_id") or row["session_id"])
-        if group not in ids:
-            ids[group] = int(group) if group.isdigit() else len(ids)
-    return ids
+    """verifiers numbers its examples, one number per example (its identity there): when every
+    group id is a number written plainly (a dataset's row index), it is kept; else the groups are
+    numbered in order. Never two groups under one number ("1" and "01", "1" and the first named)."""
+    groups = list(dict.fromkeys(str(row.get("group_id") or row["session_id"]) for row in rows))
+    if all(group.isdigit() and str(int(group)) == group for group in groups):
+        return {group: int(group) for group in groups}
+    return {group: number for number, group in enumerate(groups)}
 
 
 def rollout_outputs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

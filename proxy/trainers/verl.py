@@ -101,7 +101,9 @@ def verl_batch(
     non_tensors = {
         "uid": np.array([str(r.get("group_id") or r["session_id"]) for r in rows], dtype=object),
         "session_id": np.array([r["session_id"] for r in rows], dtype=object),
-        "__num_turns__": np.array([len(r.get("call_ids") or [1]) for r in rows], dtype=np.int32),
+        # As verl's agent loops count turns: the prompt, each assistant turn and each observation
+        # between two (its tool agent loop's user_turns + assistant_turns + 1; a single turn is 2).
+        "__num_turns__": np.array([2 * len(r.get("call_ids") or [1]) for r in rows], dtype=np.int32),
     }
     return VerlBatch(tensors, non_tensors)
 

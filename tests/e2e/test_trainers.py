@@ -239,6 +239,8 @@ def test_verl_batch_has_verls_names_dtypes_and_padding(group: str) -> None:
         assert positions == list(range(p + r))
     assert batch.tensors["input_ids"].shape == (len(merged), width_p + width_r)
     assert list(batch.non_tensors["uid"]) == ["prompt-7"] * len(merged)
+    # verl's agent loops count the prompt, each assistant turn and each observation between two.
+    assert list(batch.non_tensors["__num_turns__"]) == [2 * row["num_calls"] for row in merged]
     plain = verl_batch(merged)
     assert plain.tensors["prompts"].dtype == np.int64
     assert plain.tensors["rollout_log_probs"].dtype == np.float32
@@ -278,3 +280,15 @@ def test_verifiers_rollout_outputs_round_trip(group: str) -> None:
         assert sorted(map(str, (r[key] for r in rebuilt))) == sorted(map(str, (r[key] for r in merged)))
     truncated = [s["tokens"]["is_truncated"] for o in outputs for s in o["trajectory"]]
     assert truncated.count(True) == 1  # the turn cut by max_tokens
+
+
+def test_verifiers_example_ids_never_share_a_number_between_groups(group: str) -> None:
+    [step, *_] = _rows(group, "stepwise")
+
+    def ids(groups: list[str]) -> list[int]:
+        rows = [{**step, "session_id": f"s{i}", "group_id": g} for i, g in enumerate(groups)]
+        return [o["example_id"] for o in rollout_outputs(rows)]
+
+    assert ids(["7", "3", "7"]) == [7, 3, 7]  # a dataset's row indices are kept
+    assert ids(["alpha", "beta", "1"]) == [0, 1, 2]  # "1" and the second named group: not both 1
+    assert ids(["1", "01"]) == [0, 1]  # one number, two groups
