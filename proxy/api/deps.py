@@ -48,9 +48,11 @@ def new_session_id() -> str:
 
 
 def check_session_id(session_id: str) -> str:
-    if not _SESSION_ID.match(session_id):
+    # "." and ".." are path segments a URL resolves away: no route could name such a session.
+    if not _SESSION_ID.match(session_id) or session_id in (".", ".."):
         raise InvalidRequest(
-            "session ids are 1-128 characters of letters, digits and . _ : @ -", param="session_id"
+            "session ids are 1-128 characters of letters, digits and . _ : @ - (not . or ..)",
+            param="session_id",
         )
     return session_id
 

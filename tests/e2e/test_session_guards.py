@@ -94,3 +94,15 @@ def test_trainer_routes_refuse_values_of_the_wrong_json_type(
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["param"] == param
     assert httpx.get(f"{proxy_url}/admin/state").json()["paused"] is False
+
+
+@pytest.mark.parametrize("dots", [".", ".."])
+def test_a_session_id_no_url_can_name_is_refused(proxy_url: str, dots: str) -> None:
+    """A URL resolves . and .. away: /sessions/../finish is not session '..'s finish."""
+    created = httpx.post(f"{proxy_url}/sessions", json={"id": dots})
+    assert created.status_code == 400, created.text
+    assert created.json()["error"]["param"] == "session_id"
+    body = {"model": "m", "messages": USER, "max_tokens": 4}
+    turn = httpx.post(f"{proxy_url}/v1/chat/completions", json=body, headers={"x-session-id": dots})
+    assert turn.status_code == 400, turn.text
+    assert httpx.post(f"{proxy_url}/sessions", json={"id": f"a{dots}b"}).status_code == 201
