@@ -31,6 +31,7 @@ from proxy.api.groups import group_from_headers
 from proxy.api.harness_route import include_flat
 from proxy.api.limits import BodyLimit
 from proxy.api.retries import RetryGuard
+from proxy.api.schema_errors import with_documented_refusals
 from proxy.app_state import AppState
 from proxy.chat.call_format import choose_parser
 from proxy.chat.renderer import Renderer
@@ -250,6 +251,7 @@ def _install_docs(app: FastAPI) -> None:
     """/openapi.json, /docs and /redoc; with keys set they need the admin key (the harness key gets a
     403), since they map every route that reads or changes recorded data."""
     guarded = [Depends(require_admin_key)]
+    app.openapi = with_documented_refusals(app)  # type: ignore[method-assign]
 
     @app.get("/openapi.json", include_in_schema=False, dependencies=guarded)
     async def openapi() -> JSONResponse:

@@ -55,3 +55,23 @@ def test_the_turn_routes_document_their_headers_and_bodies(tmp_path: Path) -> No
             assert body == {"$ref": f"#/components/schemas/{model}"}, documented
             assert operation["requestBody"]["required"] is True
             assert model in schema["components"]["schemas"]
+
+
+def test_refusals_are_documented_as_answered_a_400_in_the_routes_envelope(tmp_path: Path) -> None:
+    """FastAPI documents a 422 of its own shape; the proxy answers a malformed request with a 400 in
+    the dialect's envelope (Anthropic's under /v1/messages)."""
+    settings = Settings(
+        engine_url="http://127.0.0.1:9", tokenizer=tmp_path, db=f"sqlite:///{tmp_path / 'p.db'}"
+    )
+    schema = create_app(settings).openapi()
+    operations = [(path, op) for path, ops in schema["paths"].items() for op in ops.values()]
+    assert not [path for path, op in operations if "422" in op["responses"]]
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
+    for path in TURN_BODIES:
+        for documented in (path, PREFIX + path):
+            refusal = schema["paths"][documented]["post"]["responses"]["400"]
+            envelope = "AnthropicError" if "/messages" in path else "OpenAIError"
+            assert refusal["content"]["application/json"]["schema"] == {
+                "$ref": f"#/components/schemas/{envelope}"
+            }, documented
+            assert envelope in schema["components"]["schemas"]
