@@ -6,6 +6,22 @@ position where it starts. A region is classified by what differs in it, not by w
 only the assistant's own sampled text, whitespace and BPE splits may be canonicalized; a missing,
 extra or changed marker token (role, tool call, any added token) or non-assistant token is a bug,
 reported as `unclassified` at the position of the first such token.
+
+Three rules keep that judgement on what really differs:
+- A run the stream holds and the render lacks may sit anywhere between equal tokens (gpt-oss's
+  `<|end|><|start|>assistant` before or after an analysis message); it is judged where it holds the
+  fewest prompt tokens, as the engine sampled it.
+- What a render writes to close a turn cut short (max_tokens, a stop string) is split off the region:
+  the close token, with the end of reasoning the turn left open, is `truncation_close_synthesized`
+  (whether the proxy synthesized it mid-stream or only the render writes it after a last turn), a
+  separator after it `final_separator_absent`; the rest of the region is judged on its own.
+- `repeated_opener_dropped` (allowed, a render artefact): DeepSeek V3/R1 templates write the
+  openers of a tool-call turn (the Assistant role and tool-calls-begin markers) and of tool results
+  (tool-outputs-begin) only for the first such block of a conversation (`ns.is_first` and
+  `ns.is_output_first` are never reset), so a fresh render writes later ones without them (a call
+  turn as `\n` and its calls). The stream, as the engine got it, is right. Named only when the render
+  writes at most whitespace in their place and writes those same markers, before the same next
+  token, exactly once in the conversation and earlier; any other missing marker stays a bug.
 """
 
 from __future__ import annotations
@@ -32,12 +48,12 @@ ALLOWED_KINDS = frozenset(
         "truncation_close_synthesized",
         "date_changed",
         "system_relocated",
+        "repeated_opener_dropped",
     }
 )
 _DATE = re.compile(r"\d{1,4}[-/ ]\w{2,9}[-/ ]\d{2,4}")
 _THINK_TAGS = re.compile(r"</?think>")
 _EMPTY_THINK = re.compile(r"^\s*<think>\s*</think>\s*")
-_OPEN_REASONING_CLOSED = re.compile(r"\s*</think>\s*$")
 _UNCLOSED_THINK = re.compile(r"\s*<think>(?:(?!</think>).)*", re.DOTALL)
 _OPENS_THINK = re.compile(r"<think>\s*$")
 _CLOSES_THINK = re.compile(r"\s*</think>")
@@ -126,16 +142,111 @@ class DriftClassifier:
         s_keys = [tuple(stream.ids[a:b]) for a, b in s_spans]
         r_keys = [tuple(render[a:b]) for a, b in r_spans]
         matcher = difflib.SequenceMatcher(a=s_keys, b=r_keys, autojunk=False)
-        differences = []
-        for op, i0, i1, j0, j1 in matcher.get_opcodes():
+        differences: list[Difference] = []
+        opcodes = matcher.get_opcodes()
+        for n, (op, i0, i1, j0, j1) in enumerate(opcodes):
             if op == "equal":
                 continue
             s0 = s_spans[i0][0] if i0 < len(s_spans) else len(stream.ids)
             s1 = s_spans[i1 - 1][1] if i1 > i0 else s0
             r0 = r_spans[j0][0] if j0 < len(r_spans) else len(render)
             r1 = r_spans[j1 - 1][1] if j1 > j0 else r0
-            differences.append(self._classify(stream, render, (s0, s1), (r0, r1)))
+            if r0 == r1:
+                # Equal pieces on either side (opcodes alternate): how far the run may slide.
+                low = s_spans[opcodes[n - 1][1]][0] if n else s0
+                high = s_spans[opcodes[n + 1][2] - 1][1] if n + 1 < len(opcodes) else s1
+                shift = _slide(stream, (s0, s1), (low, high))
+                s0, s1, r0, r1 = s0 + shift, s1 + shift, r0 + shift, r1 + shift
+            differences.extend(self._region(stream, render, (s0, s1), (r0, r1)))
         return _check_relocations(differences)
+
+    def _region(
+        self, stream: StreamFacts, render: Sequence[int], span: tuple[int, int], render_span: tuple[int, int]
+    ) -> list[Difference]:
+        """A region's differences: the render's close of a turn cut short on its own, the rest judged
+        as a region (nothing if the rest is equal)."""
+        (s0, s1), (r0, r1) = span, render_span
+        cut = self._closing_tail(stream, render, span, render_span)
+        if cut is None:
+            return [self._classify(stream, render, span, render_span)]
+        differences = []
+        if list(stream.ids[s0:s1]) != list(render[r0:cut]):
+            differences.append(self._classify(stream, render, span, (r0, cut)))
+        specials = [i for i in range(cut, r1) if render[i] in self._specials]
+        close_end = specials[-1] + 1 if specials else r1
+        close = self._decode(list(render[cut:close_end]))
+        differences.append(Difference("truncation_close_synthesized", s1, "", close, False))
+        if close_end < r1:  # after a last turn: the separator that follows its close
+            separator = self._decode(list(render[close_end:r1]))
+            differences.append(Difference("final_separator_absent", s1, "", separator, bool(separator)))
+        return differences
+
+    def _closing_tail(
+        self, stream: StreamFacts, render: Sequence[int], span: tuple[int, int], render_span: tuple[int, int]
+    ) -> int | None:
+        """Where the render starts closing a turn cut short that the region ends: the end of the
+        reasoning it left open (`</think>`), then (after a last turn) the close token and what follows
+        it. None if the region ends no such turn, or the render writes no such tail."""
+        s1, (r0, r1) = span[1], render_span
+        # A last turn ends on a sampled token that is no close; a continued one at a synthesized close.
+        last_turn_cut = (
+            s1 == len(stream.ids) > 0
+            and r1 == len(render)
+            and stream.sampled[-1]
+            and stream.ids[-1] not in stream.close_ids
+        )
+        if not (last_turn_cut or (s1 < len(stream.ids) and s1 in stream.synthesized)):
+            return None
+        texts = [self._decode([t]) for t in render[r0:r1]]
+        close = self._close_start(stream, render, render_span, texts) if last_turn_cut else r1
+        if close is None:
+            return None
+        cut = self._reasoning_end(stream, render, span, (r0, close), texts)
+        return cut if cut < r1 else None
+
+    def _close_start(
+        self, stream: StreamFacts, render: Sequence[int], render_span: tuple[int, int], texts: list[str]
+    ) -> int | None:
+        """Where the render's trailing specials and whitespace start with a close token (its end if
+        there are none; None if they start with another special, which no cut turn explains)."""
+        r0, r1 = render_span
+        cut = r1
+        while cut > r0 and (render[cut - 1] in self._specials or not texts[cut - 1 - r0].strip()):
+            cut -= 1
+        # Whitespace before the close stays: the turn's own text, as the render joins it.
+        while cut < r1 and render[cut] not in self._specials:
+            cut += 1
+        return None if cut < r1 and render[cut] not in stream.close_ids else cut
+
+    def _reasoning_end(
+        self,
+        stream: StreamFacts,
+        render: Sequence[int],
+        span: tuple[int, int],
+        render_span: tuple[int, int],
+        texts: list[str],
+    ) -> int:
+        """Where the render's end of the reasoning a cut turn left open starts (`</think>` just before
+        `render_span`'s end), or that end. `texts` are the render's tokens from `render_span`'s start."""
+        (s0, s1), (r0, cut) = span, render_span
+        end = cut
+        while end > r0 and not texts[end - 1 - r0].strip():
+            end -= 1
+        s_text, r_text = self._decode(list(stream.ids[s0:s1])), self._decode(list(render[r0:end]))
+        if not (
+            end > r0
+            and texts[end - 1 - r0] == "</think>"
+            and s_text.count("</think>") < r_text.count("</think>")
+        ):
+            return cut
+        cut = end - 1
+        # The template's whitespace before it too, once the stream's tokens are all matched (else
+        # that whitespace is the counterpart of the turn's own last tokens).
+        matched = r0 + (s1 - s0)
+        if list(stream.ids[s0:s1]) == list(render[r0:matched]):
+            while cut > matched and not texts[cut - 1 - r0].strip():
+                cut -= 1
+        return cut
 
     def _classify(
         self, stream: StreamFacts, render: Sequence[int], span: tuple[int, int], render_span: tuple[int, int]
@@ -174,9 +285,6 @@ class DriftClassifier:
             return diff("final_separator_absent" if tail_ok else "unclassified")
         if s_diff and all(i in stream.synthesized for i in range(first, last)) and not r_diff:
             return diff("truncation_close_synthesized")
-        if not s_diff and last in stream.synthesized and _OPEN_REASONING_CLOSED.match(r_text):
-            # The render also ends the reasoning a truncated turn left open, before the close.
-            return diff("truncation_close_synthesized")
         if (
             len(s_diff) == 1 == len(r_diff)
             and s_diff[0] in stream.close_ids
@@ -194,18 +302,15 @@ class DriftClassifier:
                 return diff("stop_token_rewrite")  # GLM: the sampled opener that ended the last turn
             if s_text == r_text:
                 return diff("assistant_bpe" if all(sampled) else "gen_prompt_merge")
-            kind = self._reasoning_kind(stream, first, s_diff, s_text, r_text)
+            r_after = self._decode(list(render[r0 + len(r_ids) - tail : r0 + len(r_ids) - tail + 4]))
+            kind = self._reasoning_kind(stream, first, s_diff, (s_text, r_text), r_after)
             if kind is not None:
                 return diff(kind)
-            # Only whitespace after the region (a sampled newline lined up with the separator).
-            at_end = (
-                s1 == len(stream.ids)
-                and r1 == len(render)
-                and not self._decode(s_ids[len(s_ids) - tail :]).strip()
-            )
-            unexplained = self._first_unexplained(stream, first, s_diff, r_diff, at_end=at_end)
+            unexplained = self._first_unexplained(stream, first, s_diff, r_diff)
             if unexplained is None:
                 return diff("assistant_canonicalization")
+            if self._repeated_opener(stream, render, (first, r0 + common), (s_diff, r_diff)):
+                return diff("repeated_opener_dropped")
             return diff("unclassified", unexplained)
         before_sample = last < len(stream.ids) and stream.sampled[last]
         if before_sample and not _THINK_TAGS.sub("", s_text + r_text).strip():
@@ -215,13 +320,17 @@ class DriftClassifier:
             return diff("system_relocated")
         if _DATE.sub("<date>", s_text) == _DATE.sub("<date>", r_text) != s_text:
             return diff("date_changed")
+        if self._repeated_opener(stream, render, (first, r0 + common), (s_diff, r_diff)):
+            return diff("repeated_opener_dropped")
         return diff("unclassified")
 
     def _reasoning_kind(
-        self, stream: StreamFacts, first: int, s_diff: list[int], s_text: str, r_text: str
+        self, stream: StreamFacts, first: int, s_diff: list[int], texts: tuple[str, str], r_after: str
     ) -> str | None:
         """An empty think block on one side only, or the stream's reasoning that a render strips,
-        with nothing else differing but whitespace."""
+        with nothing else differing but whitespace. `texts`: the stream's and the render's differing
+        text; `r_after`: the render's text after it."""
+        s_text, r_text = texts
         for longer, shorter in ((s_text, r_text), (r_text, s_text)):
             wrapper = _EMPTY_THINK.match(longer)
             if wrapper and longer[wrapper.end() :].strip() == shorter.strip():
@@ -241,33 +350,63 @@ class DriftClassifier:
             rest, found = block.subn("", s_text, count=1)
             if found and not block.search(r_text) and _whitespace_only(rest, r_text):
                 return "history_reasoning_stripped"
-        # The render keeps an empty think block (GLM, Nemotron): only the text inside it went.
+        # The render keeps an empty think block (GLM, Nemotron): only the text inside it went. The
+        # render closes it where the stream does, or where the stream's turn was cut (`r_after`).
         before = self._decode(list(stream.ids[max(0, first - 4) : first]))
         after = self._decode(list(stream.ids[first + len(s_diff) : first + len(s_diff) + 4]))
         if (
             not r_text.strip()
             and _OPENS_THINK.search(before)
-            and _CLOSES_THINK.match(after)
+            and (_CLOSES_THINK.match(after) or _CLOSES_THINK.match(r_after))
             and "<think>" not in s_text
             and "</think>" not in s_text
         ):
             return "history_reasoning_stripped"
         return None
 
+    def _repeated_opener(
+        self,
+        stream: StreamFacts,
+        render: Sequence[int],
+        starts: tuple[int, int],
+        diffs: tuple[list[int], list[int]],
+    ) -> bool:
+        """The stream holds openers the render leaves out here (empty or own think blocks aside),
+        writing at most whitespace in their place, while it writes the same markers, before the token
+        that follows them here, once in the whole conversation and earlier: a template that opens
+        such a block only once (see the module docstring). `starts`: where the differing tokens
+        `diffs` start, in the stream and in the render."""
+        (first, r_first), (s_diff, r_diff) = starts, diffs
+        r_next = r_first + len(r_diff)
+        last = first + len(s_diff)
+        if (
+            any(t in self._markers for t in r_diff)
+            or r_next >= len(render)
+            or last >= len(stream.ids)
+            or stream.ids[last] != render[r_next]
+        ):
+            return False
+        keep = self._without_think_blocks(s_diff, lambda k: self._own_or_think(stream, first + k))
+        opener = [s_diff[k] for k in keep if s_diff[k] in self._markers]
+        text = self._decode([s_diff[k] for k in keep if s_diff[k] not in self._markers])
+        if not opener or not _whitespace_only(text, self._decode(r_diff)):
+            return False
+        pattern, ids = [*opener, render[r_next]], list(render)
+        found = [i for i in range(len(ids) - len(pattern) + 1) if ids[i : i + len(pattern)] == pattern]
+        return len(found) == 1 and found[0] + len(pattern) <= r_first
+
     def _first_unexplained(
-        self, stream: StreamFacts, first: int, s_diff: list[int], r_diff: list[int], *, at_end: bool = False
+        self, stream: StreamFacts, first: int, s_diff: list[int], r_diff: list[int]
     ) -> int | None:
         """The stream position of the first difference that is not a canonicalization of the
         assistant's own text: a marker token missing, extra or changed, a changed or lost
         non-assistant token, or text the render adds away from the assistant's tokens. None if all
         are. Markers are paired first, so that text is only ever compared with its counterpart."""
         positions = [first + k for k in range(len(s_diff))]
-        # Reasoning the stream holds and the render drops, an empty think block on either side, and
-        # the close and separator a render adds after a truncated last turn are not structure lost.
+        # Reasoning the stream holds and the render drops, and an empty think block on either side,
+        # are not structure lost (the close of a turn cut short is split off before: `_region`).
         s_keep = self._without_think_blocks(s_diff, lambda k: self._own_or_think(stream, positions[k]))
         r_keep = self._without_think_blocks(r_diff, lambda k: False)
-        if at_end and stream.sampled[-1]:
-            self._trim_truncation_tail(s_diff, r_diff, r_keep)
         s_marks = [n for n, k in enumerate(s_keep) if s_diff[k] in self._markers]
         r_marks = [n for n, k in enumerate(r_keep) if r_diff[k] in self._markers]
         s_seq, r_seq = [s_diff[s_keep[n]] for n in s_marks], [r_diff[r_keep[n]] for n in r_marks]
@@ -287,25 +426,6 @@ class DriftClassifier:
             if bad is not None:
                 return bad
         return None
-
-    def _trim_truncation_tail(self, s_diff: list[int], r_diff: list[int], r_keep: list[int]) -> None:
-        """Drop from `r_keep` what a render writes after a last turn cut short: its close, what
-        follows the close, and the end of reasoning the stream left open. Whitespace before the
-        close stays: it is the turn's own text (a sampled newline the render may fuse with others)."""
-        texts = [self._decode([t]) for t in r_diff]
-        tail = len(r_keep)
-        while tail and (r_diff[r_keep[tail - 1]] in self._specials or not texts[r_keep[tail - 1]].strip()):
-            tail -= 1
-        while tail < len(r_keep) and r_diff[r_keep[tail]] not in self._specials:
-            tail += 1
-        del r_keep[tail:]
-        if self._decode(s_diff).count("</think>") >= "".join(texts).count("</think>"):
-            return
-        end = len(r_keep)
-        while end and not texts[r_keep[end - 1]].strip():
-            end -= 1
-        if end and texts[r_keep[end - 1]] == "</think>":
-            del r_keep[end - 1 :]
 
     def _own_or_think(self, stream: StreamFacts, position: int) -> bool:
         """Sampled, or part of a think opener the generation prompt pre-filled."""
@@ -362,6 +482,26 @@ class DriftClassifier:
         if all(own) or (any(own) and self._prompt_text_kept(s_mid, own, r_mid)):
             return None  # the assistant's text, and prompt tokens fused with it whose text is kept
         return at_mid[own.index(False)]
+
+
+def _slide(stream: StreamFacts, span: tuple[int, int], bounds: tuple[int, int]) -> int:
+    """How far to move a run only the stream holds, within equal tokens `bounds`, so that it holds
+    the fewest prompt tokens (the nearest such place): moved by one, it drops a token at one end and
+    takes the same id at the other, an equally valid alignment."""
+    (s0, s1), (low, high) = span, bounds
+    ids, sampled = stream.ids, stream.sampled
+    shifts = [0]
+    while s1 + shifts[-1] < high and ids[s0 + shifts[-1]] == ids[s1 + shifts[-1]]:
+        shifts.append(shifts[-1] + 1)
+    left = 0
+    while s0 + left > low and ids[s0 + left - 1] == ids[s1 + left - 1]:
+        left -= 1
+        shifts.append(left)
+
+    def prompt_tokens(shift: int) -> tuple[int, int]:
+        return sum(not sampled[i] for i in range(s0 + shift, s1 + shift)), abs(shift)
+
+    return min(shifts, key=prompt_tokens)
 
 
 def _split_own(own: list[bool]) -> tuple[int, int] | None:

@@ -8,6 +8,7 @@ from typing import Any
 from proxy.export.branches import BranchFilter, kept
 from proxy.export.columns import Ids, Logprobs, Mask, Piece, TokenRewards
 from proxy.export.experts import export_fields
+from proxy.export.formats import export_drift
 from proxy.export.summaries import Summary, default_spans, versions
 from proxy.store.codec import id_count
 from proxy.store.models import SessionRow
@@ -82,7 +83,8 @@ def merged_rows_of(
                 "call_rewards": [c.reward for c in path],
                 "finish_reasons": summary["finish_reasons"],
                 "boundary_edits": summary["boundary_edits"],
-                "drift": summary["drift"],
+                # Counted anew: a summary stored before a kind existed has no count for it.
+                "drift": export_drift(summary["drift"]),
                 "metadata": session.meta,
                 # Counted anew: summaries stored before the spans were counted in min and max.
                 **versions(summary["weight_versions"], summary["spans"]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -402,3 +403,135 @@ def test_truncated_last_turn_of_one_newline_merges_with_the_generation_prompt(to
     differences = classifier.compare(_facts(stream, len(prompt), len(stream), close), render)
     assert differences
     assert all(d.allowed for d in differences), differences
+
+
+# Shapes found by an outside test: ordinary conversations, each difference named by what it is.
+
+
+def test_gpt_oss_analysis_before_a_tool_call_is_stripped_reasoning(family_root: Path) -> None:
+    """The fresh render drops the analysis before a call; the alignment first puts the user's
+    `<|end|><|start|>assistant` in the run, which holds the same ids as the analysis's own end."""
+    tok, classifier = _family(family_root, "gpt_oss")
+    head = "<|start|>user<|message|>Weather in Paris?<|end|><|start|>assistant"
+    call = ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>'
+    result = "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>Sunny<|end|>"
+    final = "<|channel|>final<|message|>Sunny.<|return|>"
+    analysis = "<|channel|>analysis<|message|>I need the weather.<|end|><|start|>assistant"
+    parts = [(head, False), (analysis + call, True), (result + "<|start|>assistant", False), (final, True)]
+    stream = _stream(tok, parts, "<|end|> <|return|> <|call|>")
+    [difference] = classifier.compare(stream, _enc(tok, f"{head}{call}{result}<|start|>assistant{final}"))
+    assert difference.kind == "history_reasoning_stripped"
+    assert difference.position == len(_enc(tok, head))  # the first sampled token, not the user's end
+    assert difference.stream_text == analysis
+
+
+def test_glm_reasoning_cut_by_max_tokens_then_continued(family_root: Path) -> None:
+    """GLM keeps an empty think block in history: it drops the reasoning and writes the `</think>`
+    the cut turn never sampled, before the close the proxy synthesized."""
+    glm, classifier = _family(family_root, "glm4_moe")
+    head = "[gMASK]<sop><|user|>\nSolve it.<|assistant|>"
+    parts = [
+        (head, False),
+        ("\n<think>A very long chain", True),
+        ("<|user|>\nGo on.<|assistant|>", False),
+        ("\n<think>Short.</think>\nDone.<|user|>", True),
+    ]
+    stream = _stream(glm, parts, "<|user|> <|observation|>")
+    close_at = len(_enc(glm, head + "\n<think>A very long chain"))
+    stream = replace(stream, synthesized=frozenset({close_at}))
+    render = _enc(glm, f"{head}\n<think></think><|user|>\nGo on.<|assistant|>\n<think>Short.</think>\nDone.")
+    differences = classifier.compare(stream, render)
+    assert _kinds(differences) == [
+        "history_reasoning_stripped",
+        "truncation_close_synthesized",
+        "stop_token_rewrite",
+    ]
+    assert (differences[1].position, differences[1].render_text) == (close_at, "</think>")
+    # The same shape where the render keeps the reasoning (Qwen3 inside a tool cycle): only the close.
+    qwen, qwen_classifier = _family(family_root, "qwen3")
+    prompt = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"
+    parts = [(prompt, False), ("<think>\nplan", True), ("<|im_end|>\n<|im_start|>user\nmore", False)]
+    stream = _stream(qwen, parts, "<|im_end|>")
+    stream = replace(stream, synthesized=frozenset({len(_enc(qwen, prompt + "<think>\nplan"))}))
+    render = _enc(qwen, f"{prompt}<think>\nplan\n</think>\n\n<|im_end|>\n<|im_start|>user\nmore")
+    assert _kinds(qwen_classifier.compare(stream, render)) == ["truncation_close_synthesized"]
+
+
+DS_CALL_IN = DS_CALL.replace("Tokyo", "Lyon")
+
+
+def test_deepseek_openers_its_template_writes_once_are_a_render_artefact(family_root: Path) -> None:
+    """DeepSeek's template writes a tool-call turn's Assistant and tool-calls-begin markers and the
+    tool outputs' opener only for the first ones of a conversation: a later call turn is rendered as
+    `\\n` and its calls. The stream, as the engine got it, keeps them."""
+    tok, classifier = _family(family_root, "deepseek_v3")
+    results = DS_RESULT.replace("Sunny, 21 C", "Rain")
+    parts = [
+        (DS_PROMPT, False),
+        (DS_CALL, True),
+        (DS_RESULT, False),
+        (f"Sunny.{EOS}", True),
+        (f"{USER}And Lyon?{ASSISTANT}<think>\n", False),
+        (f"\n</think>\n\n{DS_CALL_IN}", True),
+        (results, False),
+        (f"Rain.{EOS}", True),
+    ]
+    stream = _stream(tok, parts, EOS)
+    quirk = DS_CALL_IN.replace(f"{CALLS_BEGIN}", "\n", 1)
+    later_results = results.replace(OUTPUTS_BEGIN, "", 1)
+    render = _enc(
+        tok, f"{DS_PROMPT}{DS_CALL}{DS_RESULT}Sunny.{EOS}{USER}And Lyon?{quirk}{later_results}Rain.{EOS}"
+    )
+    differences = classifier.compare(stream, render)
+    assert _kinds(differences) == ["repeated_opener_dropped", "repeated_opener_dropped"]
+    assert all(d.allowed for d in differences)
+    # Openers the render never wrote before are missing structure: still a bug.
+    stream = _stream(tok, [(DS_PROMPT, False), (DS_CALL, True)], EOS)
+    [difference] = classifier.compare(
+        stream, _enc(tok, DS_PROMPT.replace(ASSISTANT, "") + DS_CALL.replace(CALLS_BEGIN, "\n"))
+    )
+    assert difference.kind == "unclassified"
+
+
+LLAMA_PROMPT = (
+    "<|start_header_id|>user<|end_header_id|>\n\nSay it.<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("family", "prompt", "close", "separator"),
+    [
+        (
+            "llama3_1",
+            LLAMA_PROMPT,
+            "<|eot_id|>",
+            "",
+        ),
+        ("qwen3", "<|im_start|>user\nSay it.<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>", "\n"),
+        ("deepseek_v3", DS_PROMPT, EOS, ""),
+        (
+            "gpt_oss",
+            "<|start|>user<|message|>Say it.<|end|><|start|>assistant<|channel|>final<|message|>",
+            "<|return|>",
+            "",
+        ),
+    ],
+)
+def test_the_close_a_render_writes_after_a_last_turn_cut_short(
+    family_root: Path, family: str, prompt: str, close: str, separator: str
+) -> None:
+    """A last turn cut by max_tokens or ended by a stop string holds no close; the render writes the
+    close the proxy would synthesize had the conversation gone on, then the family's separator."""
+    tok, classifier = _family(family_root, family)
+    tail = ["truncation_close_synthesized"] + (["final_separator_absent"] * bool(separator))
+    cut = _stream(tok, [(prompt, False), ("A long answer", True)], close)
+    differences = classifier.compare(cut, _enc(tok, f"{prompt}A long answer{close}{separator}"))
+    assert _kinds(differences) == tail
+    assert [d.render_text for d in differences] == [close, separator][: len(tail)]
+    assert {d.position for d in differences} == {len(cut.ids)}
+    # Ended by a stop string: the message leaves it out, the stream keeps it as sampled.
+    stopped = _stream(tok, [(prompt, False), ("Part one. STOP", True)], close)
+    differences = classifier.compare(stopped, _enc(tok, f"{prompt}Part one.{close}{separator}"))
+    assert _kinds(differences) == ["assistant_canonicalization", *tail]
+    assert differences[0].stream_text.strip() == "STOP"
