@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
@@ -39,6 +39,8 @@ class TokenCall(NamedTuple):
     routed_experts: bytes | None = None  # MoE routing replay, where recorded
 
 
+# The PostgreSQL advisory lock that orders finishes by their export cursors ("tito" in ASCII).
+_CURSOR_ORDER_LOCK = 0x7469746F
 _TOKEN_CALLS = select(
     CallRow.session_id,
     CallRow.id,
@@ -172,10 +174,19 @@ class Repository:
         )
         changed = bool(getattr(result, "rowcount", 0))
         if changed:
+            await self._in_cursor_order()
             self.db.add(FinishedRow(session_id=session.id))
             await self.db.flush()
         await self.db.refresh(session)
         return changed
+
+    async def _in_cursor_order(self) -> None:
+        """Finishes commit in the order of their cursors. On PostgreSQL, sequence values are taken at
+        insert, not at commit: a finish that took cursor N and committed after one that took N+1
+        was delivered by no export that had gone past N+1 (nor acked truly by a cursor ack). A lock
+        held from the cursor's taking to the commit orders them; SQLite has one writer already."""
+        if self.db.get_bind().dialect.name == "postgresql":
+            await self.db.execute(select(func.pg_advisory_xact_lock(_CURSOR_ORDER_LOCK)))
 
     async def idle_sessions(self, idle_before: datetime, limit: int = 500) -> Sequence[SessionRow]:
         result = await self.db.scalars(

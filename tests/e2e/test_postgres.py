@@ -16,9 +16,10 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Connection, text
 
 from proxy.errors import Conflict, SessionFinished
-from proxy.store.database import create_engine, upgrade_blocking
+from proxy.store.database import create_engine, session_factory, upgrade_blocking
 from proxy.store.models import Base
 from proxy.store.pg_turns import PostgresTurnStore
+from proxy.store.repository import Repository
 from proxy.store.turn_store import AsyncTurnStore, write_turns
 from tests.conftest import ProxyFactory
 from tests.support import reply, segments
@@ -184,3 +185,51 @@ def test_groups_and_export_filters_on_postgresql(start_proxy: ProxyFactory, post
         assert exported(whole_groups="true") == ["g0", "g1"]
         assert exported(session_ids="g0", limit=1, min_weight_version="0") == ["g0"]
         assert exported(status="active") == []
+
+
+def test_finishes_commit_in_the_order_of_their_export_cursors(postgres_url: str) -> None:
+    """A finish that took cursor N holds every later finish until it commits: an export that went
+    past N+1 cannot miss N committed late (sequence values are taken at insert, not at commit)."""
+    upgrade_blocking(postgres_url)
+
+    async def scenario() -> tuple[list[str], dict[str, int]]:
+        engine = create_engine(postgres_url)
+        factory = session_factory(engine)
+        try:
+            async with factory() as db, db.begin():
+                for name in ("slow", "fast"):
+                    await Repository(db).create_session(f"order-{name}", {}, datetime.now())
+            committed: list[str] = []
+            slow_took_cursor = asyncio.Event()
+            slow_may_commit = asyncio.Event()
+
+            async def finish(name: str) -> None:
+                async with factory() as db, db.begin():
+                    repo = Repository(db)
+                    session = await repo.get_session(f"order-{name}")
+                    assert session is not None
+                    assert await repo.finish_session(session)
+                    if name == "slow":  # a finish delayed between its cursor and its commit
+                        slow_took_cursor.set()
+                        await slow_may_commit.wait()
+                committed.append(name)
+
+            slow = asyncio.create_task(finish("slow"))
+            await slow_took_cursor.wait()
+            fast = asyncio.create_task(finish("fast"))
+            await asyncio.sleep(0.5)
+            assert not fast.done()  # held: it would take cursor N+1 and commit before N
+            slow_may_commit.set()
+            await asyncio.gather(slow, fast)
+            async with engine.connect() as connection:
+                rows = await connection.execute(
+                    text("select session_id, seq from finished_sessions where session_id like 'order-%'")
+                )
+                cursors = {session_id: seq for session_id, seq in rows}
+            return committed, cursors
+        finally:
+            await engine.dispose()
+
+    committed, cursors = asyncio.run(scenario())
+    assert committed == ["slow", "fast"]
+    assert cursors["order-slow"] < cursors["order-fast"]
