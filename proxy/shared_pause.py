@@ -50,6 +50,7 @@ class SharedPause:
         self.seen_abort_epoch = stored["abort_epoch"]
         if stored["paused"]:
             self.engine.gate.pause()
+            self._stored_since(stored)
 
     async def publish(self, *, paused: bool, abort: bool = False) -> None:
         """Store the pause this process was told of (it applied the pause and the abort itself)."""
@@ -63,6 +64,8 @@ class SharedPause:
                 PAUSE_KEY, json.dumps({"paused": paused, "since": since, "abort_epoch": epoch})
             )
         self.seen_abort_epoch = max(self.seen_abort_epoch, epoch)
+        if paused:
+            self._stored_since({"since": since})
 
     async def follow_once(self) -> None:
         """Bring this process's gate to the stored pause: pause, abort what runs here, or resume."""
@@ -70,12 +73,20 @@ class SharedPause:
         gate = self.engine.gate
         if stored["paused"] and not gate.paused:
             gate.pause()
+        if stored["paused"]:
+            self._stored_since(stored)
         if stored["abort_epoch"] > self.seen_abort_epoch:
             self.seen_abort_epoch = stored["abort_epoch"]
             await self.engine.abort_in_flight()
         if not stored["paused"] and gate.paused:
             await self.engine.refresh_version()  # the version that samples next, as at a resume
             gate.resume()
+
+    def _stored_since(self, stored: dict[str, Any]) -> None:
+        """The pause began when the process first told of it stored it: every process reports that
+        time (/admin/state), not when it noticed the pause or started during it."""
+        if isinstance(stored.get("since"), int | float):
+            self.engine.gate.paused_since = float(stored["since"])
 
     async def follow(self) -> None:
         """Run for the process's life; a database that fails a poll is tried again at the next."""

@@ -5,6 +5,7 @@ the trainer sets on one replica holds on the other."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -255,3 +256,20 @@ def test_a_dialect_retry_on_the_other_replica_is_answered_from_the_record(
     assert "only once" in answers[1][0]
     if not stream:
         assert orjson.loads(answers[0][0])["id"] == orjson.loads(answers[1][0])["id"]
+
+
+def test_both_replicas_report_the_stored_pause_and_when_it_began(replicas: Replicas) -> None:
+    """/admin/state reports the stored pause: its start as the replica told of it stored it, not
+    when the other noticed it."""
+    a, b = replicas.urls
+    assert httpx.post(f"{a}/admin/pause", json={}).status_code == 200
+    try:
+        deadline = time.monotonic() + 10
+        while not httpx.get(f"{b}/admin/state").json()["paused"]:
+            assert time.monotonic() < deadline, "the other replica never followed the pause"
+            time.sleep(0.05)
+        told, follower = (httpx.get(f"{url}/admin/state").json()["paused_since"] for url in (a, b))
+        assert told is not None
+        assert follower == told
+    finally:
+        httpx.post(f"{a}/admin/resume", json={})
