@@ -143,7 +143,9 @@ def test_the_checks_answer_in_each_dialects_shape(keyed: tuple[FastAPI, str]) ->
                 "type": "error",
                 "error": {
                     "type": "invalid_request_error",
-                    "message": "session ids are 1-128 characters of letters, digits and . _ : @ -",
+                    "message": (
+                        "session ids are 1-128 characters of letters, digits and . _ : @ - (not . or ..)"
+                    ),
                     "request_id": request_id,
                 },
                 "request_id": request_id,
