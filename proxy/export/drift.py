@@ -237,6 +237,10 @@ class DriftClassifier:
             end > r0
             and texts[end - 1 - r0] == "</think>"
             and s_text.count("</think>") < r_text.count("</think>")
+            # Beyond the stream's, the render closes more blocks than it opens: a block it opens
+            # and closes itself (Qwen3's empty think block on a last turn) closes nothing left open.
+            and r_text.count("<think>") - s_text.count("<think>")
+            < r_text.count("</think>") - s_text.count("</think>")
         ):
             return cut
         cut = end - 1

@@ -535,3 +535,15 @@ def test_the_close_a_render_writes_after_a_last_turn_cut_short(
     differences = classifier.compare(stopped, _enc(tok, f"{prompt}Part one.{close}{separator}"))
     assert _kinds(differences) == ["assistant_canonicalization", *tail]
     assert differences[0].stream_text.strip() == "STOP"
+
+
+def test_a_render_that_opens_and_closes_its_own_think_block_closes_no_reasoning(family_root: Path) -> None:
+    """Qwen3 writes an empty think block before a last assistant turn: its </think> closes no
+    reasoning the cut turn left open, so the block is the template's wrapper, and only the close
+    and separator after the turn are the render's tail."""
+    tok, classifier = _family(family_root, "qwen3")
+    prompt = "<|im_start|>user\nSay it.<|im_end|>\n<|im_start|>assistant\n"
+    cut = _stream(tok, [(prompt, False), (" ", True)], "<|im_end|>")
+    differences = classifier.compare(cut, _enc(tok, f"{prompt}<think>\n\n</think>\n\n <|im_end|>\n"))
+    assert "unclassified" not in _kinds(differences)
+    assert _kinds(differences)[-2:] == ["truncation_close_synthesized", "final_separator_absent"]
