@@ -16,15 +16,8 @@ from proxy.api.answering import retried_session
 from proxy.api.deps import SessionIdDep, StateDep
 from proxy.api.harness_route import HarnessRoute
 from proxy.api.retries import RetryIdentity
-from proxy.api.schemas import Shallow, refuse_unsupported
-from proxy.dialects.anthropic_checks import (
-    check_context_management,
-    check_metadata,
-    check_output_config,
-    check_thinking,
-    check_tool_pairs,
-    thinking_omitted,
-)
+from proxy.api.schemas import Shallow
+from proxy.dialects.anthropic_checks import check_fields, check_tool_pairs, thinking_omitted
 from proxy.dialects.anthropic_errors import error_body
 from proxy.dialects.anthropic_input import (
     anthropic_message,
@@ -128,11 +121,13 @@ class MessagesRequest(BaseModel):
 
     def check_supported(self) -> None:
         """What Anthropic's API refuses beyond the fields' types, and what this proxy cannot honour."""
-        refuse_unsupported(self.model_extra, _INERT)
-        check_metadata(self.model_extra)
-        check_context_management(self.context_management)
-        check_output_config(self.output_config)
-        check_thinking(self.thinking)
+        check_fields(
+            self.model_extra,
+            _INERT,
+            context_management=self.context_management,
+            output_config=self.output_config,
+            thinking=self.thinking,
+        )
         if "" in (self.stop_sequences or []):
             # An empty sequence would end every turn before its first token.
             raise InvalidRequest("stop_sequences must not hold an empty string", param="stop_sequences")
@@ -177,11 +172,13 @@ class CountTokensRequest(BaseModel):
 
     def check_supported(self) -> None:
         """As a Messages request is checked; a count is one answer, never a stream."""
-        refuse_unsupported(self.model_extra, _INERT)
-        check_metadata(self.model_extra)
-        check_context_management(self.context_management)
-        check_output_config(self.output_config)
-        check_thinking(self.thinking)
+        check_fields(
+            self.model_extra,
+            _INERT,
+            context_management=self.context_management,
+            output_config=self.output_config,
+            thinking=self.thinking,
+        )
         if self.stream:
             raise InvalidRequest("count_tokens does not stream", param="stream")
 

@@ -3,8 +3,10 @@ rules, which its API answers with a 400, and the fields this proxy cannot honour
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from proxy.api.schemas import refuse_unsupported
 from proxy.errors import InvalidRequest, UnsupportedParameter
 
 THINKING_TYPES = (None, "enabled", "disabled", "adaptive", "between_tools")
@@ -67,6 +69,23 @@ def check_output_config(output_config: dict[str, Any] | None) -> None:
         )
 
 
+def check_fields(
+    extras: dict[str, Any] | None,
+    inert: frozenset[str],
+    *,
+    context_management: dict[str, Any] | None,
+    output_config: dict[str, Any] | None,
+    thinking: dict[str, Any] | None,
+) -> None:
+    """The checks a Messages request and a count_tokens request share: fields this proxy cannot
+    honour (all but the declared and `inert` ones), then each field's own rules."""
+    refuse_unsupported(extras, inert)
+    check_metadata(extras)
+    check_context_management(context_management)
+    check_output_config(output_config)
+    check_thinking(thinking)
+
+
 def check_context_management(context_management: dict[str, Any] | None) -> None:
     edits = (context_management or {}).get("edits") or []
     if not isinstance(edits, list) or not all(isinstance(edit, dict) for edit in edits):
@@ -98,12 +117,29 @@ def _blocks_of(message: dict[str, Any], role: str, kind: str) -> list[dict[str, 
     return [b for b in content if isinstance(b, dict) and b.get("type") == kind]
 
 
+# The tool_use ids of an assistant message, or the tool_use_ids of a user message's results.
+IdsOf = Callable[[dict[str, Any]], list[Any]]
+
+
 def _uses(message: dict[str, Any]) -> list[Any]:
     return [block.get("id") for block in _blocks_of(message, "assistant", "tool_use")]
 
 
 def _results(message: dict[str, Any]) -> list[Any]:
     return [block.get("tool_use_id") for block in _blocks_of(message, "user", "tool_result")]
+
+
+def _unmatched(
+    messages: list[dict[str, Any]], index: int, own: IdsOf, partners: IdsOf, step: int
+) -> list[Any]:
+    """The ids `own` finds in the message at `index` that `partners` does not find in its partner
+    message (the one after, step 1, or before, step -1)."""
+    ids = own(messages[index])
+    if not ids:
+        return []
+    partner = _partner(messages, index, step)
+    matched = set(partners(messages[partner])) if partner is not None else set()
+    return [i for i in ids if i not in matched]
 
 
 def check_tool_pairs(messages: list[dict[str, Any]], changed: list[int]) -> None:
@@ -117,27 +153,19 @@ def check_tool_pairs(messages: list[dict[str, Any]], changed: list[int]) -> None
             i for i in (_partner(messages, index, -1), _partner(messages, index, 1)) if i is not None
         )
     for index in sorted(around):
-        uses = _uses(messages[index])
-        if uses:
-            after = _partner(messages, index, 1)
-            answered = set(_results(messages[after])) if after is not None else set()
-            missing = [use for use in uses if use not in answered]
-            if missing:
-                raise InvalidRequest(
-                    f"messages.{index}: tool_use ids were found without tool_result blocks immediately "
-                    f"after: {', '.join(map(str, missing))}. Each tool_use block must have a "
-                    "corresponding tool_result block in the next message.",
-                    param=f"messages[{index}].content",
-                )
-        results = _results(messages[index])
-        if results:
-            before = _partner(messages, index, -1)
-            asked = set(_uses(messages[before])) if before is not None else set()
-            unexpected = [result for result in results if result not in asked]
-            if unexpected:
-                raise InvalidRequest(
-                    f"messages.{index}.content: unexpected tool_use_id found in tool_result blocks: "
-                    f"{', '.join(map(str, unexpected))}. Each tool_result block must have a "
-                    "corresponding tool_use block in the previous message.",
-                    param=f"messages[{index}].content",
-                )
+        missing = _unmatched(messages, index, _uses, _results, 1)
+        if missing:
+            raise InvalidRequest(
+                f"messages.{index}: tool_use ids were found without tool_result blocks immediately "
+                f"after: {', '.join(map(str, missing))}. Each tool_use block must have a "
+                "corresponding tool_result block in the next message.",
+                param=f"messages[{index}].content",
+            )
+        unexpected = _unmatched(messages, index, _results, _uses, -1)
+        if unexpected:
+            raise InvalidRequest(
+                f"messages.{index}.content: unexpected tool_use_id found in tool_result blocks: "
+                f"{', '.join(map(str, unexpected))}. Each tool_result block must have a "
+                "corresponding tool_use block in the previous message.",
+                param=f"messages[{index}].content",
+            )
