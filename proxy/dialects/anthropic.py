@@ -99,14 +99,16 @@ def template_kwargs(
     return kwargs or None
 
 
-class MessagesRequest(BaseModel):
+class _Conversation(BaseModel):
+    """The fields a Messages request and a count_tokens request share (sampling fields included:
+    count_tokens checks them as /v1/messages does, and counts none)."""
+
     model_config = ConfigDict(extra="allow", strict=True)
     # Free-form values are checked for depth where they enter (proxy/json_limits.py), extras too.
     __pydantic_extra__: dict[str, Annotated[Any, Shallow]] = Field(init=False)
 
     model: str
     messages: list[dict[str, Any]] = Field(min_length=1)
-    max_tokens: int = Field(ge=1)
     system: str | list[dict[str, Any]] | None = None
     stop_sequences: list[str] | None = Field(default=None, max_length=32)
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -119,8 +121,7 @@ class MessagesRequest(BaseModel):
     context_management: Annotated[dict[str, Any] | None, Shallow] = None
     output_config: Annotated[dict[str, Any] | None, Shallow] = None
 
-    def check_supported(self) -> None:
-        """What Anthropic's API refuses beyond the fields' types, and what this proxy cannot honour."""
+    def _check_fields(self) -> None:
         check_fields(
             self.model_extra,
             _INERT,
@@ -128,6 +129,14 @@ class MessagesRequest(BaseModel):
             output_config=self.output_config,
             thinking=self.thinking,
         )
+
+
+class MessagesRequest(_Conversation):
+    max_tokens: int = Field(ge=1)
+
+    def check_supported(self) -> None:
+        """What Anthropic's API refuses beyond the fields' types, and what this proxy cannot honour."""
+        self._check_fields()
         if "" in (self.stop_sequences or []):
             # An empty sequence would end every turn before its first token.
             raise InvalidRequest("stop_sequences must not hold an empty string", param="stop_sequences")
@@ -149,36 +158,12 @@ class MessagesRequest(BaseModel):
         return {"type": "json_schema", "json_schema": {"name": "output", "schema": found["schema"]}}
 
 
-class CountTokensRequest(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-    __pydantic_extra__: dict[str, Annotated[Any, Shallow]] = Field(init=False)
-
-    model: str
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    system: str | list[dict[str, Any]] | None = None
-    tools: Annotated[list[dict[str, Any]] | None, Shallow] = None
-    tool_choice: Annotated[dict[str, Any] | None, Shallow] = None
-    thinking: Annotated[dict[str, Any] | None, Shallow] = None
-    output_config: Annotated[dict[str, Any] | None, Shallow] = None
-    context_management: Annotated[dict[str, Any] | None, Shallow] = None
-    # A Messages request's own fields, which change what is sampled, not the prompt: checked as
-    # there, not counted.
+class CountTokensRequest(_Conversation):
     max_tokens: int | None = Field(default=None, ge=1)
-    stop_sequences: list[str] | None = Field(default=None, max_length=32)
-    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
-    stream: bool | None = None
 
     def check_supported(self) -> None:
         """As a Messages request is checked; a count is one answer, never a stream."""
-        check_fields(
-            self.model_extra,
-            _INERT,
-            context_management=self.context_management,
-            output_config=self.output_config,
-            thinking=self.thinking,
-        )
+        self._check_fields()
         if self.stream:
             raise InvalidRequest("count_tokens does not stream", param="stream")
 
