@@ -83,6 +83,7 @@ from proxy.errors import (
     ModelNotFound,
     ProxyError,
 )
+from proxy.weight_versions import named
 
 log = logging.getLogger("tito_proxy.vllm")
 _KEEPALIVE_S = 4.0  # below uvicorn's 5 s keep-alive, which vLLM serves with
@@ -431,7 +432,7 @@ class VLLMEngine:
         return EngineInfo(
             model=probe.model,
             context_length=probe.context_length,
-            weight_version=str(version) if version is not None and version != "default" else None,
+            weight_version=named(version),
         )
 
     async def ready(self) -> bool:

@@ -16,14 +16,13 @@ from typing import Any, Literal
 from proxy.engines.base import FinishReason, PromptIds, SamplingParams, TopLogprobs
 from proxy.engines.prompt_json import json_value
 from proxy.errors import EngineError, UnsupportedParameter
+from proxy.weight_versions import named
 
 Route = Literal["generate", "completions"]
 GENERATE_PATH = "/inference/v1/generate"
 COMPLETIONS_PATH = "/v1/completions"
 # vLLM writes -inf and NaN logprobs, and a sampled token missing from its map, as this number.
 MISSING_LOGPROB = -9999.0
-# vLLM's label for the weights until a trainer names a version.
-DEFAULT_VERSION_LABEL = "default"
 # SamplingParams.constraint kinds (SGLang's keys) -> vLLM's structured_outputs keys.
 _STRUCTURED_KEYS = {
     "json_schema": "json",
@@ -132,7 +131,7 @@ class ParsedChoice:
         if not self.weight_versions:
             return None
         label = self.weight_versions[-1].get("version")
-        return None if label is None or label == DEFAULT_VERSION_LABEL else str(label)
+        return named(label)
 
 
 def single_choice(body: Any) -> dict[str, Any] | None:

@@ -4,7 +4,6 @@ resumed attempt's tokens under their own, and exports' staleness bound counts ev
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from tokenizers import Tokenizer
 
 from tests.conftest import ProxyFactory
 from tests.e2e.test_vllm import VLLMProxy, vllm, vllm_proxy  # noqa: F401  (fixtures)
-from tests.e2e.test_weight_syncs import USER, _calls, _chat, _in_thread, _until
+from tests.e2e.test_weight_syncs import _calls, _chat, _in_thread, _until, stream_chat
 from tests.fakes.sglang import FakeSGLang
 from tests.fakes.vllm import FakeVLLM
 from tests.support import token_id
@@ -61,15 +60,6 @@ def test_a_turn_held_at_the_pause_is_recorded_under_the_version_set_before_the_r
     assert fresh == {"held", "after"}
 
 
-def _stream(url: str, session: str, events: list[dict[str, Any]]) -> httpx.Response:
-    body = {"model": "m", "messages": USER, "max_tokens": 256, "stream": True}
-    with httpx.stream("POST", f"{url}/sessions/{session}/v1/chat/completions", json=body, timeout=60) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                events.append(json.loads(line[6:]))
-        return r
-
-
 def test_unnamed_tokens_of_a_resumed_call_carry_the_trainers_version_of_their_attempt(
     vllm: FakeVLLM,  # noqa: F811
     vllm_proxy: VLLMProxy,  # noqa: F811
@@ -88,7 +78,7 @@ def test_unnamed_tokens_of_a_resumed_call_carry_the_trainers_version_of_their_at
     with vllm_proxy() as url:
         _set_version(url, "step-1")
         events: list[dict[str, Any]] = []
-        thread, answers = _in_thread(lambda: _stream(url, "sync", events))
+        thread, answers = _in_thread(lambda: stream_chat(url, "sync", events))
         _until(lambda: len(events) >= 3)
         httpx.post(f"{url}/admin/pause", json={"abort_in_flight": True})
         _until(lambda: bool(vllm.aborted))

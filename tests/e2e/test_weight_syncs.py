@@ -43,6 +43,16 @@ def _in_thread(call: Callable[[], httpx.Response]) -> tuple[threading.Thread, li
     return thread, answers
 
 
+def stream_chat(url: str, session: str, events: list[dict[str, Any]]) -> httpx.Response:
+    """A streamed chat turn whose events go to `events` as they come (a sync may land mid-stream)."""
+    body = {"model": "m", "messages": USER, "max_tokens": 256, "stream": True}
+    with httpx.stream("POST", f"{url}/sessions/{session}/v1/chat/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                events.append(json.loads(line[6:]))
+        return r
+
+
 def _until(check: Callable[[], bool], seconds: float = 10) -> None:
     deadline = time.monotonic() + seconds
     while not check():
@@ -177,16 +187,7 @@ def test_a_stream_aborted_by_a_paused_sync_resumes_after_it(
     vllm.push([*ids, token_id(qwen_tokenizer, "<|im_end|>")])  # what the continuation samples
     with vllm_proxy() as url:
         events: list[dict[str, Any]] = []
-
-        def stream() -> httpx.Response:
-            body = {"model": "m", "messages": USER, "max_tokens": 256, "stream": True}
-            with httpx.stream("POST", f"{url}/sessions/st/v1/chat/completions", json=body, timeout=60) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: {"):
-                        events.append(json.loads(line[6:]))
-                return r
-
-        thread, answers = _in_thread(stream)
+        thread, answers = _in_thread(lambda: stream_chat(url, "st", events))
         _until(lambda: len(events) >= 3)
         paused = httpx.post(f"{url}/admin/pause", json={"abort_in_flight": True}).json()
         assert paused["in_flight"] == 1
