@@ -121,22 +121,27 @@ class _Conversation(BaseModel):
     context_management: Annotated[dict[str, Any] | None, Shallow] = None
     output_config: Annotated[dict[str, Any] | None, Shallow] = None
 
-    def _check_fields(self) -> None:
+    max_tokens: int | None
+
+    def _check_fields(self, beta: str | None) -> None:
         check_fields(
             self.model_extra,
             _INERT,
             context_management=self.context_management,
             output_config=self.output_config,
             thinking=self.thinking,
+            max_tokens=self.max_tokens,
+            beta=beta,
         )
 
 
 class MessagesRequest(_Conversation):
     max_tokens: int = Field(ge=1)
 
-    def check_supported(self) -> None:
-        """What Anthropic's API refuses beyond the fields' types, and what this proxy cannot honour."""
-        self._check_fields()
+    def check_supported(self, beta: str | None) -> None:
+        """What Anthropic's API refuses beyond the fields' types, and what this proxy cannot honour;
+        `beta` is the request's `anthropic-beta` header."""
+        self._check_fields(beta)
         if "" in (self.stop_sequences or []):
             # An empty sequence would end every turn before its first token.
             raise InvalidRequest("stop_sequences must not hold an empty string", param="stop_sequences")
@@ -161,9 +166,9 @@ class MessagesRequest(_Conversation):
 class CountTokensRequest(_Conversation):
     max_tokens: int | None = Field(default=None, ge=1)
 
-    def check_supported(self) -> None:
+    def check_supported(self, beta: str | None) -> None:
         """As a Messages request is checked; a count is one answer, never a stream."""
-        self._check_fields()
+        self._check_fields(beta)
         if self.stream:
             raise InvalidRequest("count_tokens does not stream", param="stream")
 
@@ -214,7 +219,7 @@ def message_forms(
 async def create_message(
     body: MessagesRequest, state: StateDep, session: SessionIdDep, http_request: Request
 ) -> Response:
-    body.check_supported()
+    body.check_supported(http_request.headers.get("anthropic-beta"))
     sealer = state.sealer
     identity = RetryIdentity.from_request(http_request.headers, await http_request.body())
     session_id = await retried_session(state, session, identity)
@@ -262,10 +267,12 @@ async def create_message(
 
 
 @router.post("/messages/count_tokens")
-async def count_tokens(body: CountTokensRequest, state: StateDep, session: SessionIdDep) -> dict[str, Any]:
+async def count_tokens(
+    body: CountTokensRequest, state: StateDep, session: SessionIdDep, http_request: Request
+) -> dict[str, Any]:
     """The length of the prompt this request would be sent as its session's next turn: planned by the
     turn core (the session's pinned date, a continued recorded call's ids), nothing sampled."""
-    body.check_supported()
+    body.check_supported(http_request.headers.get("anthropic-beta"))
     await state.model_names.choose(body.model)  # a name /v1/messages refuses is refused here too
     session_id, _ = session
     tools = AnthropicTools.of(body.tools)

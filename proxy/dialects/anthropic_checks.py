@@ -15,10 +15,19 @@ THINKING_TYPES = (None, "enabled", "disabled", "adaptive", "between_tools")
 THINKING_DISPLAYS = (None, "summarized", "omitted")
 
 
-def check_thinking(thinking: dict[str, Any] | None) -> None:
-    """`thinking`: a known type and display, and a budget (if any) that is an integer. The budget is
-    not enforced (a soft target at Anthropic too), so neither its minimum nor its relation to
-    max_tokens is held against a request."""
+# Anthropic's floor for an enabled thinking budget (its API answers a smaller one with a 400).
+MIN_THINKING_BUDGET = 1024
+# With this beta, a budget counts across a whole turn's thinking blocks and may exceed max_tokens.
+INTERLEAVED_THINKING_BETA = "interleaved-thinking-"
+
+
+def check_thinking(
+    thinking: dict[str, Any] | None, max_tokens: int | None = None, beta: str | None = None
+) -> None:
+    """`thinking`: a known type and display; an enabled one has an integer budget of at least 1,024
+    tokens, below `max_tokens` unless the `anthropic-beta` header asks for interleaved thinking, as
+    Anthropic's API requires. The budget itself is a soft target (at Anthropic too): it is checked
+    and recorded, and the template's thinking is not cut at it."""
     if thinking is None:
         return
     kind = thinking.get("type")
@@ -27,8 +36,26 @@ def check_thinking(thinking: dict[str, Any] | None) -> None:
     if thinking.get("display") not in THINKING_DISPLAYS:
         raise InvalidRequest("thinking.display is 'summarized' or 'omitted'", param="thinking.display")
     budget = thinking.get("budget_tokens")
-    if budget is not None and type(budget) is not int:
+    if budget is None:
+        if kind == "enabled":
+            raise InvalidRequest(
+                "thinking.enabled.budget_tokens: Field required", param="thinking.budget_tokens"
+            )
+        return
+    if type(budget) is not int:
         raise InvalidRequest("thinking.budget_tokens must be an integer", param="thinking.budget_tokens")
+    if budget < MIN_THINKING_BUDGET:
+        raise InvalidRequest(
+            f"thinking.budget_tokens: Input should be greater than or equal to {MIN_THINKING_BUDGET}",
+            param="thinking.budget_tokens",
+        )
+    interleaved = INTERLEAVED_THINKING_BETA in (beta or "")
+    if kind == "enabled" and max_tokens is not None and budget >= max_tokens and not interleaved:
+        raise InvalidRequest(
+            "`max_tokens` must be greater than `thinking.budget_tokens` (or send the"
+            " interleaved-thinking beta, under which the budget spans the whole turn)",
+            param="max_tokens",
+        )
 
 
 def thinking_omitted(thinking: dict[str, Any] | None) -> bool:
@@ -76,6 +103,8 @@ def check_fields(
     context_management: dict[str, Any] | None,
     output_config: dict[str, Any] | None,
     thinking: dict[str, Any] | None,
+    max_tokens: int | None,
+    beta: str | None,
 ) -> None:
     """The checks a Messages request and a count_tokens request share: fields this proxy cannot
     honour (all but the declared and `inert` ones), then each field's own rules."""
@@ -83,7 +112,7 @@ def check_fields(
     check_metadata(extras)
     check_context_management(context_management)
     check_output_config(output_config)
-    check_thinking(thinking)
+    check_thinking(thinking, max_tokens, beta)
 
 
 def check_context_management(context_management: dict[str, Any] | None) -> None:

@@ -43,7 +43,7 @@ def client_for(url: str, session: str) -> anthropic.Anthropic:
 def _turn(client: anthropic.Anthropic, messages: list[Any], *, streamed: bool) -> Any:
     arguments: Any = {
         "model": "m",
-        "max_tokens": 512,
+        "max_tokens": 2048,
         "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
         "messages": messages,
         "tools": TOOLS,
@@ -380,7 +380,7 @@ def test_omitted_thinking_is_left_out_and_its_echo_continues_the_segment(
     ]
     arguments: Any = {
         "model": "m",
-        "max_tokens": 512,
+        "max_tokens": 2048,
         "tools": TOOLS,
         "thinking": {**THINKING, "display": "omitted"},
     }

@@ -128,6 +128,15 @@ BAD_MESSAGES += [
     ("metadata with another key", {"metadata": {"user_id": "u", "foo": 1}}),
     ("thinking budget a string", {"thinking": {"type": "enabled", "budget_tokens": "x"}}),
     ("thinking display unknown", {"thinking": {"type": "enabled", "budget_tokens": 1024, "display": "full"}}),
+    ("thinking enabled without a budget", {"max_tokens": 4096, "thinking": {"type": "enabled"}}),
+    (
+        "thinking budget below 1,024",
+        {"max_tokens": 4096, "thinking": {"type": "enabled", "budget_tokens": 1023}},
+    ),
+    (
+        "thinking budget not below max_tokens",
+        {"max_tokens": 2048, "thinking": {"type": "enabled", "budget_tokens": 2048}},
+    ),
     ("a tool name with spaces", {"tools": [{"name": "bad name!", "input_schema": {"type": "object"}}]}),
     (
         "two tools of one name",
@@ -171,6 +180,19 @@ def test_a_tool_loop_whose_results_answer_its_uses_is_served(proxy_url: str) -> 
         },
     ]
     answer = httpx.post(f"{proxy_url}/sessions/pairs/v1/messages", json={**ANTHROPIC, "messages": messages})
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_thinking_budget_anthropic_takes_is_served(proxy_url: str) -> None:
+    """A budget of 1,024 or more below max_tokens; at or above it under the interleaved-thinking
+    beta, where the budget spans the whole turn (Anthropic's rules)."""
+    url = f"{proxy_url}/sessions/budget/v1/messages"
+    below = {**ANTHROPIC, "max_tokens": 2048, "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    assert httpx.post(url, json=below, timeout=30).status_code == 200
+    above = {**below, "thinking": {"type": "enabled", "budget_tokens": 8192}}
+    assert httpx.post(url, json=above, timeout=30).status_code == 400
+    beta = {"anthropic-beta": "fine-grained-tool-streaming-2025-05-14,interleaved-thinking-2025-05-14"}
+    answer = httpx.post(url, json=above, headers=beta, timeout=30)
     assert answer.status_code == 200, answer.text
 
 
