@@ -13,7 +13,7 @@ import orjson
 from yarl import URL
 
 from proxy.engines import router as sglang_router
-from proxy.engines.answers import json_answer, request_json
+from proxy.engines.answers import json_answer, refusal, request_json
 from proxy.engines.base import (
     ContextLimits,
     EngineInfo,
@@ -28,7 +28,6 @@ from proxy.engines.http1 import AnswerCut, EngineHTTP, Stream
 from proxy.engines.prompt_json import json_value
 from proxy.engines.routed_experts import ExpertsAsk, RoutedExperts, from_sglang
 from proxy.errors import (
-    ContextLengthExceeded,
     EngineError,
     EngineTimeout,
     EngineUnavailable,
@@ -46,8 +45,6 @@ _KEEPALIVE_S = 4.0
 # Measured on SGLang 0.5.23: inputs of context - 6 tokens or more are refused (max_req_input_len),
 # and generation is capped at context - 2 - input tokens (max_req_len - input - 1).
 SGLANG_LIMITS = ContextLimits(prompt_reserve=7, output_reserve=2)
-# How SGLang words a refusal for length (tokenizer manager and scheduler).
-_CONTEXT_MESSAGES = ("context length", "maximum allowed length")
 
 
 def _error_message(status: int, content: bytes) -> str:
@@ -62,18 +59,6 @@ def _error_message(status: int, content: bytes) -> str:
     if isinstance(error, dict) and isinstance(error.get("message"), str):
         return str(error["message"])
     return str(body)[:500]
-
-
-def refusal(status: int, message: str) -> ProxyError:
-    """The error for an engine's refusal, the same whether it came as an HTTP status, a streamed
-    abort carrying a status_code, or a streamed error event carrying a code."""
-    if status == 400:
-        if any(phrase in message for phrase in _CONTEXT_MESSAGES):
-            return ContextLengthExceeded(f"the engine refused the length: {message}", param="messages")
-        return InvalidRequest(f"the engine rejected the request: {message}", code="engine_rejected")
-    if status == 503:
-        return EngineUnavailable(f"the engine is not ready: {message}")
-    return EngineError(f"the engine answered HTTP {status}: {message}")
 
 
 def _finish_reason(raw: Any) -> FinishReason:

@@ -49,7 +49,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from proxy.engines.answers import json_answer, request_json
+from proxy.engines.answers import json_answer, refusal, request_json
 from proxy.engines.base import (
     ContextLimits,
     EngineInfo,
@@ -79,9 +79,7 @@ from proxy.errors import (
     EngineMismatch,
     EngineTimeout,
     EngineUnavailable,
-    InvalidRequest,
     ModelNotFound,
-    ProxyError,
 )
 from proxy.weight_versions import named
 
@@ -471,15 +469,7 @@ def _refusal(probe: VLLMProbe, params: SamplingParams, status: int, content: byt
     message = error_message(status, content)
     if status == 404 and params.adapter is not None:  # vLLM's answer for an unknown model
         return ModelNotFound(f"vLLM does not serve the LoRA adapter {params.adapter!r} (any more): {message}")
-    return _status_error(status, message)
-
-
-def _status_error(status: int, message: str) -> ProxyError:
-    if status == 400:
-        return InvalidRequest(f"the engine rejected the request: {message}", code="engine_rejected")
-    if status == 503:
-        return EngineUnavailable(f"the engine is not ready: {message}")
-    return EngineError(f"the engine answered HTTP {status}: {message}")
+    return refusal(status, message)
 
 
 async def _events(response: Stream) -> AsyncGenerator[dict[str, Any], None]:
@@ -501,7 +491,7 @@ async def _events(response: Stream) -> AsyncGenerator[dict[str, Any], None]:
                 error = body["error"]
                 message = error.get("message") if isinstance(error, dict) else str(error)
                 code = error.get("code") if isinstance(error, dict) else None
-                raise _status_error(code if isinstance(code, int) else 500, str(message))
+                raise refusal(code if isinstance(code, int) else 500, str(message))
             yield body
     except TimeoutError as exc:
         raise EngineTimeout("vLLM's stream stalled past the timeout") from exc

@@ -226,6 +226,21 @@ def test_context_limit_is_checked_by_the_proxy(vllm: FakeVLLM, vllm_proxy: VLLMP
     assert request["sampling_params"]["max_tokens"] == 64 - len(request["token_ids"])
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_vllms_own_length_refusal_is_a_400_context_length_exceeded(
+    vllm: FakeVLLM, vllm_proxy: VLLMProxy, stream: bool
+) -> None:
+    """A context the proxy was told is longer than the engine's: vLLM's refusal, in its own words
+    ("... longer than the maximum model length of 64"), is OpenAI's length error, not engine_rejected."""
+    vllm.context_length = 64
+    with vllm_proxy(context_length=4096) as url:
+        response = _chat(url, "ctx", messages=[{"role": "user", "content": "word " * 80}], stream=stream)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "context_length_exceeded")
+    assert "maximum model length of 64" in error["message"]
+
+
 def test_paused_engine_is_503_and_engine_errors_keep_their_status(
     vllm: FakeVLLM, vllm_proxy: VLLMProxy
 ) -> None:
