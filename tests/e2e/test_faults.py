@@ -58,6 +58,20 @@ def test_engine_faults_answer_in_the_envelope_and_record_nothing(
         assert engine.requests[0]["rid"].startswith(engine.aborted[0])
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_engine_timeout_on_the_anthropic_route_is_its_timeout_error(
+    start_proxy: ProxyFactory, engine: FakeSGLang, stream: bool
+) -> None:
+    """Anthropic's 504 is a `timeout_error` (its SDK's GatewayTimeoutError), not an api_error."""
+    engine.fault, engine.hang_s = "hang", 3.0
+    with start_proxy(engine_timeout_s=0.5) as url:
+        body = {"model": "m", "max_tokens": 16, "messages": USER, "stream": stream}
+        response = httpx.post(f"{url}/sessions/t/v1/messages", json=body, timeout=30)
+        assert response.status_code == 504, response.text
+        assert response.json()["error"]["type"] == "timeout_error"
+        _nothing_recorded(url, "t")
+
+
 def test_a_stream_cut_by_the_engine_ends_with_an_error_and_is_never_exported_as_complete(
     proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
 ) -> None:
