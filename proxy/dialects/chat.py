@@ -20,6 +20,7 @@ from proxy.api.streaming import StreamOptions
 from proxy.app_state import AppState
 from proxy.dialects.shared import for_model, sampling_constraint
 from proxy.engines.base import ConstraintKind, SamplingParams
+from proxy.errors import ProxyError
 from proxy.turns import TurnRequest, TurnResult
 
 
@@ -149,14 +150,21 @@ async def chat_completions(
     session_id = await retried_session(state, session, identity)
     top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
     options = StreamOptions.of(body, keepalive_s=state.settings.stream_keepalive_s, top_logprobs=top_logprobs)
-    return await answer(
-        state,
-        session_id,
-        await for_model(state, _turn_request(body, state, identity), body.model),
-        identity,
-        stream=bool(body.stream),
-        options=options,
-        text_completion=False,
-        body_of=lambda results: _completion_body(results, body.model, state, top_logprobs),
-        client=http_request,
-    )
+    try:
+        return await answer(
+            state,
+            session_id,
+            await for_model(state, _turn_request(body, state, identity), body.model),
+            identity,
+            stream=bool(body.stream),
+            options=options,
+            text_completion=False,
+            body_of=lambda results: _completion_body(results, body.model, state, top_logprobs),
+            client=http_request,
+        )
+    except ProxyError as exc:
+        # The turn core names its limit max_tokens; a client that sent only the newer field reads
+        # about the field it sent.
+        if exc.param == "max_tokens" and body.max_tokens is None and body.max_completion_tokens is not None:
+            exc.param = "max_completion_tokens"
+        raise

@@ -172,6 +172,18 @@ def test_context_length_is_checked_before_the_engine(start_proxy: ProxyFactory, 
     assert engine.requests == []
 
 
+def test_a_completion_limit_past_the_context_names_the_field_sent(
+    start_proxy: ProxyFactory, engine: FakeSGLang
+) -> None:
+    with start_proxy(context_length=4096) as url:
+        for field in ("max_tokens", "max_completion_tokens"):
+            for stream in (False, True):
+                body = {"model": "m", "messages": USER, field: 100_000, "stream": stream}
+                error = _error(_post(url, body), 400)
+                assert (error["code"], error["param"]) == ("context_length_exceeded", field)
+    assert engine.requests == []
+
+
 def test_engine_down_is_503(start_proxy: ProxyFactory) -> None:
     with start_proxy(engine_url="http://127.0.0.1:9", context_length=4096) as url:
         error = _error(
