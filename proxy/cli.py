@@ -38,7 +38,9 @@ def _serve_parser(sub: Any) -> None:
         help="the --logprobs-mode vLLM runs with, where its /server_info cannot tell",
     )
     serve.add_argument(
-        "--engine-timeout-s", type=float, help="seconds to wait for one engine call (default 600)"
+        "--engine-timeout-s",
+        type=float,
+        help="seconds the engine may stay silent before or within its answer (default 600)",
     )
     serve.add_argument(
         "--model", type=Path, help="local model dir (local engine); its tokenizer is the default"

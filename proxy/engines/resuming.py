@@ -125,6 +125,14 @@ class _Held:
         return {"weight_versions": self.spans, "resumed": self.resumed, DISPATCHED_VERSION: self.first_label}
 
 
+def continues_exactly(params: SamplingParams) -> bool:
+    """Whether a continuation from the prompt plus the output held samples as the cut generation
+    would have. Not under a grammar (the engine would start it afresh at the continuation's first
+    token) nor presence or frequency penalties (engines count the output's tokens only, and the held
+    ones come back as prompt); a repetition penalty counts the prompt too, so it carries over."""
+    return params.constraint is None and params.presence_penalty == 0 and params.frequency_penalty == 0
+
+
 def _continued(prompt: PromptIds, params: SamplingParams, held: _Held) -> tuple[Any, SamplingParams]:
     ids = np.concatenate([np.asarray(prompt, dtype=np.int32), np.asarray(held.ids, dtype=np.int32)])
     if params.routed_experts is not None:
@@ -184,23 +192,36 @@ class ResumingEngine:
             with contextlib.suppress(ProxyError):
                 await self.inner.abort(attempt)
 
-    def _resumable(self, held: _Held, produced: int, pauses_before: int) -> bool:
+    def _resumable(self, held: _Held, params: SamplingParams, produced: int, pauses_before: int) -> bool:
         """Whether an engine abort is a weight sync's, to be continued: it cut sampled output, or a
         pause began meanwhile. An abort before any token with no pause (an engine's refusal at
-        admission looks the same) is retried once only."""
-        if held.resumed >= self._max_resumes:
+        admission looks the same) is retried once only. Output held under sampling a continuation
+        cannot carry on ends the call aborted (never recorded as a training sample)."""
+        if held.resumed >= self._max_resumes or not self._continuable(held, params):
             return False
         if produced or self.gate.paused or self.gate.pauses != pauses_before:
             return True
         return held.resumed == 0
 
-    def _may_retry(self, held: _Held, error: Exception) -> bool:
+    @staticmethod
+    def _continuable(held: _Held, params: SamplingParams) -> bool:
+        if held.ids and not continues_exactly(params):
+            log.warning(
+                "generation cut after %d tokens cannot be continued exactly (a grammar or presence/"
+                "frequency penalties): it ends aborted",
+                len(held.ids),
+            )
+            return False
+        return True
+
+    def _may_retry(self, held: _Held, params: SamplingParams, error: Exception) -> bool:
         # A refusal (4xx) is the request's fault: never retried. A lost engine is, within the budget.
         return (
             self._restart_wait_s > 0
             and not isinstance(error, InvalidRequest | EngineMismatch)
             and isinstance(error, EngineError)
             and held.resumed < self._max_resumes
+            and self._continuable(held, params)
         )
 
     async def generate(
@@ -234,7 +255,7 @@ class ResumingEngine:
                 generation = await self.inner.generate(ids, continued, attempt, affinity=held.affinity)
             except EngineError as exc:
                 await self._abort_if_running(attempt, exc)
-                if request_id in self._abandoned or not self._may_retry(held, exc):
+                if request_id in self._abandoned or not self._may_retry(held, params, exc):
                     raise
                 log.warning("engine lost mid-generation (%s); continuing when it is back", exc.message)
                 await self._wait_to_continue(exc)
@@ -257,7 +278,7 @@ class ResumingEngine:
             if (
                 generation.finish.kind != "abort"
                 or request_id in self._abandoned
-                or not self._resumable(held, produced, pauses)
+                or not self._resumable(held, params, produced, pauses)
             ):
                 return replace(
                     generation,
@@ -296,7 +317,7 @@ class ResumingEngine:
                 return await self.inner.stream(ids, continued, attempt, affinity=held.affinity)
             except EngineError as exc:
                 await self._abort_if_running(attempt, exc)
-                if not self._may_retry(held, exc):
+                if not self._may_retry(held, params, exc):
                     raise
                 await self._wait_to_continue(exc)
                 held.resumed += 1
@@ -323,10 +344,14 @@ class ResumingEngine:
                             seen = self.last_version = chunk.weight_version
                         aborted = chunk.finish is not None and chunk.finish.kind == "abort"
                         produced = len(held.ids) - held.attempt_start
-                        resumable = aborted and request_id not in self._abandoned
+                        resumable = (
+                            aborted
+                            and request_id not in self._abandoned
+                            and self._resumable(held, params, produced, pauses)
+                        )
                         if chunk.finish is not None:
                             held.add_experts(params.routed_experts is not None, chunk.routed_experts)
-                        if chunk.finish is None or (resumable and self._resumable(held, produced, pauses)):
+                        if chunk.finish is None or resumable:
                             if chunk.output_ids:
                                 first = not sent
                                 sent = True
@@ -352,7 +377,7 @@ class ResumingEngine:
                         return
                 except EngineError as exc:
                     await self._abort_if_running(self._current.get(request_id, request_id), exc)
-                    if request_id in self._abandoned or not self._may_retry(held, exc):
+                    if request_id in self._abandoned or not self._may_retry(held, params, exc):
                         raise
                     if len(held.ids) > held.attempt_start:  # its tokens came without their routings
                         held.add_experts(params.routed_experts is not None, None)

@@ -172,6 +172,37 @@ def test_an_aborted_generation_is_continued_and_recorded_whole(
     assert step["rollout_logprobs"] == [*vllm_logprobs(kept, 0), *vllm_logprobs(rest, 0)]
 
 
+def test_output_cut_under_penalties_or_a_grammar_is_not_continued(
+    vllm: FakeVLLM,  # noqa: F811
+    vllm_proxy: VLLMProxy,  # noqa: F811
+    qwen_tokenizer: Tokenizer,
+    tmp_path: Path,
+) -> None:
+    """A continuation would sample under other rules than the request's: presence and frequency
+    penalties count output tokens only, and a grammar would start afresh after the held output. The
+    call ends aborted (never a training sample) rather than recorded as what was asked."""
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    formats = {"type": "json_schema", "json_schema": {"name": "o", "schema": schema}}
+    asks: list[dict[str, Any]] = [
+        {"presence_penalty": 0.5},
+        {"frequency_penalty": 0.5},
+        {"response_format": formats},
+    ]
+    with vllm_proxy() as url:
+        for n, ask in enumerate(asks):
+            vllm.abort_at.append(3)
+            _resumed_outputs(vllm, qwen_tokenizer)
+            answer = _chat(url, f"cut{n}", **ask)
+            assert answer.status_code >= 500, answer.text
+            vllm.script.clear()
+        # Cut before any token, a generation is continued exactly whatever its rules.
+        vllm.abort_at.append(0)
+        _resumed_outputs(vllm, qwen_tokenizer)
+        assert _chat(url, "early", presence_penalty=0.5).status_code == 200
+    assert [call["status"] for call in _calls(tmp_path / "proxy.db")] == ["aborted"] * len(asks) + ["ok"]
+    assert len(vllm.requests) == len(asks) + 2
+
+
 def test_a_stream_aborted_by_a_paused_sync_resumes_after_it(
     vllm: FakeVLLM,  # noqa: F811
     vllm_proxy: VLLMProxy,  # noqa: F811
