@@ -32,6 +32,7 @@ from proxy.api.harness_route import include_flat
 from proxy.api.limits import BodyLimit
 from proxy.api.retries import RetryGuard
 from proxy.api.schema_errors import with_documented_refusals
+from proxy.api.shutdown_answer import ShutdownAnswer
 from proxy.app_state import AppState
 from proxy.chat.call_format import choose_parser
 from proxy.chat.renderer import Renderer
@@ -81,7 +82,8 @@ class ObservedApp(FastAPI):
     """The app with request ids outermost: even a 500 answered by Starlette itself carries one."""
 
     def build_middleware_stack(self) -> ASGIApp:
-        return RequestIdMiddleware(super().build_middleware_stack(), also_named=_anthropic_id_header)
+        stack = ShutdownAnswer(super().build_middleware_stack())
+        return RequestIdMiddleware(stack, also_named=_anthropic_id_header)
 
 
 def _anthropic_id_header(path: str) -> bytes | None:

@@ -17,6 +17,7 @@ ProxyError                      500 server_error
 ├── Paused                      429 code=engine_paused (a weight sync holds new turns; Retry-After)
 ├── DatabaseUnavailable         503 code=database_unavailable (disk full, locked, connection lost)
 │   └── RecordFailed            503 code=record_failed (the database refused a turn's commit)
+├── ShuttingDown                503 code=shutting_down (the server cancelled the request at shutdown)
 └── EngineError                 502 engine_error (bad answer from the engine)
     ├── InvalidEngineAnswer     502 (ids, logprobs or finish reason that fail the checks: never recorded)
     ├── EngineUnavailable       503 (cannot connect, or the engine says it is not ready)
@@ -152,6 +153,14 @@ class RecordFailed(DatabaseUnavailable):
     """The database refused a turn's commit: the turn is not answered, since it is not recorded."""
 
     default_code = "record_failed"
+
+
+class ShuttingDown(ProxyError):
+    """The server stopped the request at shutdown, past its grace period, before answering it."""
+
+    status_code = 503
+    error_type = "server_error"
+    default_code = "shutting_down"
 
 
 class EngineError(ProxyError):

@@ -86,3 +86,49 @@ def test_client_commands_fail_in_one_line(proxy_url: str, tmp_path: Path, args: 
     assert result.returncode == 1, result.stderr
     assert says in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_turn_cancelled_at_shutdown_is_a_503_in_its_dialects_envelope(
+    engine: FakeSGLang, qwen_dir: Path, tmp_path: Path
+) -> None:
+    """Past --shutdown-grace-s uvicorn cancels the requests still running: one not yet answered gets
+    a 503 in its dialect's envelope (never uvicorn's plain-text 500), with Retry-After."""
+    import signal
+    import threading
+    import time
+
+    engine.fault, engine.hang_s = "hang", 6.0
+    env = {"TITO_DB": f"sqlite:///{tmp_path / 'stop.db'}", "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
+    args = ["--tokenizer", str(qwen_dir), "--shutdown-grace-s", "0.5"]
+    answers: dict[str, httpx.Response] = {}
+    bodies = {
+        "chat/completions": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        "messages": {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
+    }
+    with spawn_proxy(args, env, tmp_path / "serve.log") as (process, url):
+
+        def turn(route: str) -> None:
+            answers[route] = httpx.post(
+                f"{url}/sessions/{route[:4]}/v1/{route}", json=bodies[route], timeout=60
+            )
+
+        threads = [threading.Thread(target=turn, args=(route,)) for route in bodies]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while len(engine.requests) < 2:
+            assert time.monotonic() < deadline, "the turns did not reach the engine"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join(timeout=30)
+        process.wait(timeout=30)
+    chat, anthropic = answers["chat/completions"], answers["messages"]
+    for answer in (chat, anthropic):
+        assert answer.status_code == 503, answer.text
+        assert answer.headers["retry-after"] == "5"
+        assert answer.headers["x-request-id"]
+    assert chat.json()["error"]["code"] == "shutting_down"
+    assert anthropic.json()["type"] == "error"
+    assert anthropic.json()["error"]["type"] == "overloaded_error"
+    assert anthropic.headers["request-id"] == anthropic.headers["x-request-id"]
