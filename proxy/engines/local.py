@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from proxy.engines.base import (
     ContextLimits,
     EngineInfo,
@@ -31,6 +33,9 @@ from proxy.errors import EngineError, InvalidRequest, UnsupportedParameter
 # max_new_tokens of a request that sets no max_tokens: a CPU turn up to the whole context would hold
 # the lock for hours.
 DEFAULT_MAX_NEW_TOKENS = 512
+# Below this temperature sampling is greedy, as SGLang's sampling params make it (logits divided by
+# 1e-38 overflow float32, and no sample could differ from the argmax anyway).
+GREEDY_BELOW_TEMPERATURE = 1e-6
 # How often a request waiting for the lock checks whether it was cancelled.
 _LOCK_POLL_S = 0.05
 # Called from the sampling thread with each sampled token, its logprob and its alternatives.
@@ -65,6 +70,9 @@ class LocalEngine:
         self._model_dir = model_dir
         config = self._model.config
         self._vocab_size = int(config.vocab_size)
+        # Ids the tokenizer knows: a model's embedding rows past them are padding (the demo model's
+        # 151,680 against Qwen's 151,669 ids), never sampled, and left out of every logprob.
+        self._output_vocab = min(self._vocab_size, _tokenizer_vocab(model_dir) or self._vocab_size)
         self._context_length = int(getattr(config, "max_position_embeddings", 0) or 0) or None
         eos = getattr(self._model.generation_config, "eos_token_id", None)
         self._eos_ids: tuple[int, ...] = (
@@ -143,11 +151,9 @@ class LocalEngine:
         self, input_ids: list[int], params: SamplingParams, cancel: threading.Event, on_token: OnToken | None
     ) -> Generation:
         torch = self._torch
-        generator = torch.Generator()
-        if params.seed is not None:
-            generator.manual_seed(params.seed)
-        else:
-            generator.seed()
+        # numpy's PCG64 takes the whole 64-bit seed (torch's CPU generator keeps only its low 32 bits,
+        # so seeds 1 and 2**32 + 1 would sample alike).
+        generator = np.random.default_rng(None if params.seed is None else params.seed % 2**64)
         stop_ids = set(params.stop_token_ids) | set(self._eos_ids)
         output: list[int] = []
         logprobs: list[float] = []
@@ -164,7 +170,7 @@ class LocalEngine:
                 return self._aborted(output, logprobs, top if params.top_logprobs else None)
             result = self._model(input_ids=step_input, use_cache=True, **{self._cache_name: past})
             past = getattr(result, self._cache_name)
-            logits = result.logits[0, -1].float()
+            logits = result.logits[0, -1, : self._output_vocab].float()
             logits = self._apply_penalties(logits, counts, input_ids, params)
             token, logprob = self._pick(logits, params, generator)
             if params.top_logprobs:
@@ -193,7 +199,7 @@ class LocalEngine:
     def _alternatives(self, logits: Any, params: SamplingParams) -> TopLogprobs:
         """The best alternatives, with logprobs on the same scale as the sampled token's."""
         torch = self._torch
-        scale = params.temperature if params.temperature > 0.0 else 1.0
+        scale = params.temperature if params.temperature >= GREEDY_BELOW_TEMPERATURE else 1.0
         values, ids = torch.topk(torch.log_softmax(logits / scale, dim=-1), params.top_logprobs)
         return [(int(i), float(v)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
 
@@ -202,7 +208,9 @@ class LocalEngine:
     ) -> Any:
         torch = self._torch
         if params.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(prompt) | set(counts)), dtype=torch.long)
+            # Only ids with a logit here: a token-id prompt may hold padding ids the model embeds.
+            seen_ids = sorted(token for token in set(prompt) | set(counts) if token < self._output_vocab)
+            seen = torch.tensor(seen_ids, dtype=torch.long)
             values = logits[seen]
             logits[seen] = torch.where(
                 values > 0, values / params.repetition_penalty, values * params.repetition_penalty
@@ -213,9 +221,9 @@ class LocalEngine:
             logits[ids] -= params.frequency_penalty * freq + params.presence_penalty
         return logits
 
-    def _pick(self, logits: Any, params: SamplingParams, generator: Any) -> tuple[int, float]:
+    def _pick(self, logits: Any, params: SamplingParams, generator: np.random.Generator) -> tuple[int, float]:
         torch = self._torch
-        if params.temperature == 0.0:
+        if params.temperature < GREEDY_BELOW_TEMPERATURE:
             token = int(torch.argmax(logits))
             return token, float(torch.log_softmax(logits, dim=-1)[token])
         scaled_logprobs = torch.log_softmax(logits / params.temperature, dim=-1)
@@ -231,7 +239,11 @@ class LocalEngine:
             probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
         if params.min_p > 0.0:
             probs = torch.where(probs < params.min_p * probs.max(), torch.zeros_like(probs), probs)
-        token = int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+        # Inverse transform sampling: the first id whose cumulative probability passes a uniform draw
+        # (an id of probability 0 never does).
+        cumulative = torch.cumsum(probs.double(), dim=-1)
+        draw = generator.random() * float(cumulative[-1])
+        token = int(torch.searchsorted(cumulative, torch.tensor([draw], dtype=torch.float64), right=True))
         return token, float(scaled_logprobs[token])
 
     def _matched_stop_string(self, output: list[int], stops: tuple[str, ...]) -> str | None:
@@ -338,3 +350,13 @@ def _kv_cache_name(model: Any) -> str:
     transformers 5.24 renamed `past_key_values` to `cache` and warns on the old name; older
     releases know only the old one."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _tokenizer_vocab(model_dir: Path) -> int | None:
+    """How many ids the model's tokenizer knows (added tokens included); None without a tokenizer."""
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    return int(Tokenizer.from_file(str(path)).get_vocab_size(with_added_tokens=True))

@@ -38,6 +38,50 @@ def test_seeded_sampling_is_reproducible_and_logprobs_are_aligned(demo_model: Pa
     assert all(lp <= 0.0 and math.isfinite(lp) for lp in first.logprobs)
 
 
+def test_padding_ids_past_the_tokenizer_are_never_sampled(demo_model: Path, tmp_path: Path) -> None:
+    """The demo model pads its 151,669 ids to 151,680 rows. Rows made to win every argmax (a pair
+    +u/-u far longer than any other row: one of them scores highest for any hidden state) must
+    still never be sampled, nor counted in a logprob."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(demo_model), dtype=torch.float32)
+    weight = model.get_input_embeddings().weight  # tied to the output layer
+    known = 151_669
+    with torch.no_grad():
+        direction = torch.randn(weight.shape[1], generator=torch.Generator().manual_seed(0))
+        scale = 1e4 * float(weight[:known].norm(dim=1).max()) / float(direction.norm())
+        weight[known] = direction * scale
+        weight[known + 1] = -direction * scale
+    padded = tmp_path / "padded"
+    model.save_pretrained(str(padded))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):
+        shutil.copy(demo_model / name, padded / name)
+    engine = LocalEngine(padded)
+    for temperature in (0.0, 1.0):
+        params = SamplingParams(max_new_tokens=4, temperature=temperature, seed=3, top_logprobs=3)
+        result = asyncio.run(engine.generate([151644, 872, 198, 6023, 151645], params))
+        assert result.output_ids and max(result.output_ids) < known, result.output_ids
+        assert all(t < known for step in result.top_logprobs or [] for t, _ in step)
+
+
+def test_a_tiny_temperature_samples_greedily_and_64_bit_seeds_are_all_honoured(demo_model: Path) -> None:
+    engine = LocalEngine(demo_model)
+    prompt = [151644, 872, 198, 6023, 151645]
+    greedy = asyncio.run(engine.generate(prompt, SamplingParams(max_new_tokens=4, temperature=0.0)))
+    for tiny in (1e-7, 1e-38, 5e-324):  # logits / 1e-38 overflow float32
+        tiny_run = asyncio.run(engine.generate(prompt, SamplingParams(max_new_tokens=4, temperature=tiny)))
+        assert (tiny_run.output_ids, tiny_run.logprobs) == (greedy.output_ids, greedy.logprobs)
+    # Seeds that agree in their low 32 bits (torch's CPU generator would keep only those) differ.
+    runs = [
+        asyncio.run(engine.generate(prompt, SamplingParams(max_new_tokens=8, temperature=1.0, seed=seed)))
+        for seed in (1, 2**32 + 1, 5 * 2**32 + 1, -1, 2**63 - 1)
+    ]
+    assert len({tuple(run.output_ids) for run in runs}) == len(runs)
+
+
 def test_greedy_stops_at_a_stop_token(demo_model: Path) -> None:
     engine = LocalEngine(demo_model)
     probe = asyncio.run(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=3, temperature=0.0)))
