@@ -239,6 +239,7 @@ async def create_message(
         top_k=body.top_k,
         stop=tuple(body.stop_sequences or ()),
         response_format=body.response_format(),
+        format_param="output_config.format",
         raw=body.model_dump(exclude={"messages", "system", "tools"}, exclude_none=True),
         identity=identity,
     )

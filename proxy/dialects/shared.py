@@ -37,6 +37,13 @@ def sampling_constraint(
             f"a forced tool call and a JSON {format_param} cannot be combined (one grammar per request)",
             param=format_param,
         )
+    if formatted is not None and tools and tool_choice != "none":
+        # The JSON grammar admits no tool call: the tools offered could never be called.
+        raise UnsupportedParameter(
+            f"a JSON {format_param} with tools the model may call would keep it from calling any (the"
+            " grammar admits only the JSON): set tool_choice to 'none', or leave out the format",
+            param=format_param,
+        )
     if not state.engine.supports_constraints:
         raise UnsupportedParameter(
             f"the {state.engine.name} engine cannot constrain sampling (tool_choice/{format_param})",
@@ -62,6 +69,7 @@ def turn_request(
     raw: dict[str, Any],
     identity: RetryIdentity | None,
     callable_tools: list[dict[str, Any]] | None = None,
+    format_param: str = "text.format",
 ) -> TurnRequest:
     """The turn core's request; `tools` and `tool_choice` in chat's shape; `messages` with their
     canonical forms and history hash when the dialect has them (proxy/dialects/converted_history.py).
@@ -75,7 +83,11 @@ def turn_request(
         stop=stop,
         stop_token_ids=state.renderer.stop_token_ids,
         constraint=sampling_constraint(
-            state, tool_choice, response_format, tools if callable_tools is None else callable_tools
+            state,
+            tool_choice,
+            response_format,
+            tools if callable_tools is None else callable_tools,
+            format_param=format_param,
         ),
     )
     canonical: list[bytes] | None = None

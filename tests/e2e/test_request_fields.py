@@ -162,6 +162,67 @@ def test_response_format_json_schema_is_passed_to_structured_generation(
     assert json.loads(engine.requests[-1]["sampling_params"]["json_schema"]) == {"type": "object"}
 
 
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}}
+FORMATS: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "chat/completions",
+        {
+            "messages": USER,
+            "tools": [RUN],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}},
+        },
+        "response_format",
+    ),
+    (
+        "responses",
+        {
+            "input": "go",
+            "tools": [{"type": "function", "name": "run", "parameters": RUN_PARAMETERS}],
+            "text": {"format": {"type": "json_schema", "name": "a", "schema": SCHEMA}},
+        },
+        "text.format",
+    ),
+    (
+        "messages",
+        {
+            "max_tokens": 32,
+            "messages": USER,
+            "tools": [{"name": "run", "input_schema": RUN_PARAMETERS}],
+            "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}},
+        },
+        "output_config.format",
+    ),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "param"), FORMATS, ids=[route for route, _, _ in FORMATS])
+def test_a_json_format_beside_callable_tools_is_refused_and_served_with_tool_choice_none(
+    proxy_url: str,
+    engine: FakeSGLang,
+    qwen_tokenizer: Tokenizer,
+    *,
+    route: str,
+    body: dict[str, Any],
+    param: str,
+) -> None:
+    """The JSON grammar admits no tool call: with tools the model may call, the tools could never be
+    called (the Agents SDK's output_type beside tools asks exactly that). Refused, naming the format;
+    with tool_choice none the tools are only shown, and the format is honoured."""
+    url = f"{proxy_url}/sessions/fmt-{route[:4]}/v1/{route}"
+    refused = httpx.post(url, json={"model": "m", **body}, timeout=30)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert param in error["message"]
+    if route != "messages":
+        assert error["param"] == param
+    assert engine.requests == []
+    _script(engine, qwen_tokenizer, '{"answer": 4}')
+    none = {"type": "none"} if route == "messages" else "none"
+    served = httpx.post(url, json={"model": "m", **body, "tool_choice": none}, timeout=30)
+    assert served.status_code == 200, served.text
+    assert json.loads(engine.requests[-1]["sampling_params"]["json_schema"]) == SCHEMA
+
+
 def _post(url: str, session: str, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
     return httpx.post(f"{url}/sessions/{session}/v1/chat/completions", json=body, headers=headers, timeout=30)
 
