@@ -18,6 +18,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from proxy.chat.messages import HistoryHash, canonical_json
+from proxy.dialects.openai_checks import check_function_fields, check_inert_fields, check_name
 from proxy.errors import InvalidRequest, UnsupportedParameter
 from proxy.json_limits import MAX_JSON_DEPTH, too_deep
 from proxy.store.prompts import tools_key_of
@@ -200,6 +201,7 @@ class SamplingRequest(BaseModel):
     def check_supported(self) -> None:
         """Reject what this proxy cannot honour exactly, naming the parameter."""
         refuse_unsupported(self.model_extra, _INERT_FIELDS)
+        check_inert_fields(self.model_extra)
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("stream_options is only allowed with stream=true", param="stream_options")
         # Obfuscation pads stream events to hide their sizes; this proxy never pads them.
@@ -312,6 +314,15 @@ class ChatCompletionRequest(SamplingRequest):
 
     def check_supported(self) -> None:
         super().check_supported()
+        for index, tool in enumerate(self.tools or ()):
+            function = tool.function
+            fields = {"name": function.name, "strict": (function.model_extra or {}).get("strict")}
+            check_function_fields(fields, f"tools[{index}].function")
+        response_format = self.response_format or {}
+        if response_format.get("type") == "json_schema":
+            spec = response_format.get("json_schema")
+            name = spec.get("name") if isinstance(spec, dict) else None
+            check_name(name, "response_format.json_schema.name", "a JSON schema")
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequest("top_logprobs requires logprobs=true", param="top_logprobs")
         if self.parallel_tool_calls is False:

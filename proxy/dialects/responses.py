@@ -29,6 +29,7 @@ from proxy.dialects.converted_history import (
     forms_of,
     item_texts,
 )
+from proxy.dialects.openai_checks import check_inert_fields, check_name
 from proxy.dialects.responses_input import (
     chat_tool_choice,
     chat_tools,
@@ -94,6 +95,8 @@ class ResponsesRequest(BaseModel):
 
     def check_supported(self) -> None:
         refuse_unsupported(self.model_extra, _INERT)
+        check_inert_fields(self.model_extra)
+        check_reasoning(self.reasoning)
         if self.parallel_tool_calls is False:
             raise UnsupportedParameter(
                 "parallel_tool_calls=false cannot be enforced", param="parallel_tool_calls"
@@ -101,10 +104,12 @@ class ResponsesRequest(BaseModel):
         for value in self.include or []:
             if value not in _INCLUDES:
                 raise UnsupportedParameter(f"include value {value!r} is not supported", param="include")
-        if self.truncation not in (None, "disabled"):
+        if self.truncation == "auto":
             raise UnsupportedParameter(
                 "truncation 'auto' would drop history the record holds; only 'disabled'", param="truncation"
             )
+        if self.truncation not in (None, "disabled"):
+            raise InvalidRequest("truncation must be 'auto' or 'disabled'", param="truncation")
         if self.background:
             raise UnsupportedParameter("background responses are not supported", param="background")
         if self.top_logprobs:
@@ -124,6 +129,7 @@ class ResponsesRequest(BaseModel):
         if found.get("type") == "json_object":
             return {"type": "json_object"}
         if found.get("type") == "json_schema":
+            check_name(found.get("name"), "text.format.name", "a JSON schema")
             schema = {k: v for k, v in found.items() if k in ("name", "schema", "strict", "description")}
             return {"type": "json_schema", "json_schema": schema}
         raise UnsupportedParameter(f"text.format {found.get('type')!r} is not supported", param="text.format")
@@ -131,9 +137,29 @@ class ResponsesRequest(BaseModel):
     def template_kwargs(self) -> dict[str, Any] | None:
         # Templates that read a reasoning effort (gpt-oss) render it; others render the same tokens.
         effort = (self.reasoning or {}).get("effort")
-        if effort is not None and not isinstance(effort, str):
-            raise InvalidRequest("reasoning.effort must be a string", param="reasoning.effort")
         return {"reasoning_effort": effort} if effort else None
+
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+REASONING_SUMMARIES = ("auto", "concise", "detailed")
+
+
+def check_reasoning(reasoning: dict[str, Any] | None) -> None:
+    """`reasoning`: an effort and a summary among OpenAI's values (the summary asked for is the
+    reasoning itself: the sampled text is returned whole)."""
+    given = reasoning or {}
+    unknown = set(given) - {"effort", "summary", "generate_summary"}
+    if unknown:
+        raise UnsupportedParameter(f"reasoning.{sorted(unknown)[0]} is not supported", param="reasoning")
+    if given.get("effort") is not None and given["effort"] not in REASONING_EFFORTS:
+        raise InvalidRequest(
+            f"reasoning.effort must be one of {', '.join(REASONING_EFFORTS)}", param="reasoning.effort"
+        )
+    for key in ("summary", "generate_summary"):
+        if given.get(key) is not None and given[key] not in REASONING_SUMMARIES:
+            raise InvalidRequest(
+                f"reasoning.{key} must be one of {', '.join(REASONING_SUMMARIES)}", param=f"reasoning.{key}"
+            )
 
 
 def response_id_of(request_id: str, session_id: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.chat.messages import UNVERIFIED_REASONING, Message
+from proxy.dialects.openai_checks import check_function_fields, check_name
 from proxy.dialects.seals import Sealer
 from proxy.errors import InvalidRequest, UnsupportedParameter
 
@@ -27,7 +28,7 @@ def _text(content: Any, param: str) -> str:
     texts = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in ("input_text", "output_text", "text") or not isinstance(part.get("text"), str):
+        if kind not in ("input_text", "output_text") or not isinstance(part.get("text"), str):
             raise UnsupportedParameter(
                 f"content parts of type {kind!r} are not supported; send text parts", param=param
             )
@@ -180,6 +181,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
         if kind == "function":
             found.append(_function(tool, prefix="", param=param))
         elif kind == "namespace":
+            check_name(tool.get("name"), f"{param}.name", "a namespace")
             prefix = f"{tool.get('name')}."
             inner = tool.get("tools") or []
             if not isinstance(inner, list):
@@ -196,8 +198,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
 def _function(tool: Any, *, prefix: str, param: str) -> dict[str, Any]:
     if not isinstance(tool, dict) or tool.get("type", "function") != "function":
         raise UnsupportedParameter("a namespace holds function tools", param=param)
-    if not isinstance(tool.get("name"), str) or not tool["name"]:
-        raise InvalidRequest("a function tool needs a name", param=f"{param}.name")
+    check_function_fields(tool, param)
     if not isinstance(tool.get("parameters") or {}, dict):
         raise InvalidRequest("a function tool's parameters must be an object", param=f"{param}.parameters")
     if tool.get("defer_loading"):

@@ -11,6 +11,8 @@ import pytest
 USER = [{"role": "user", "content": "hi"}]
 ANTHROPIC: dict[str, Any] = {"model": "m", "max_tokens": 16, "messages": USER}
 RESPONSES: dict[str, Any] = {"model": "m", "input": "hi"}
+CHAT: dict[str, Any] = {"model": "m", "messages": USER, "max_tokens": 4}
+COMPLETION: dict[str, Any] = {"model": "m", "prompt": "hi", "max_tokens": 4}
 
 
 def _turns(*assistant: Any, result: Any = None) -> list[dict[str, Any]]:
@@ -235,7 +237,71 @@ BAD_RESPONSES: list[tuple[str, dict[str, Any], str]] = [
         {"tools": [{"type": "function", "name": "f", "parameters": {}, "defer_loading": True}]},
         "tools[0].defer_loading",
     ),
+    ("metadata with a number", {"metadata": {"k": 1}}, "metadata.k"),
+    ("metadata of 17 pairs", {"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+    ("metadata with a long value", {"metadata": {"k": "v" * 513}}, "metadata.k"),
+    ("service_tier unknown", {"service_tier": "fastest"}, "service_tier"),
+    ("reasoning effort unknown", {"reasoning": {"effort": "bogus"}}, "reasoning.effort"),
+    ("reasoning summary a number", {"reasoning": {"summary": 5}}, "reasoning.summary"),
+    ("reasoning with another key", {"reasoning": {"effort": "low", "depth": 3}}, "reasoning"),
+    (
+        "a function description a number",
+        {"tools": [{"type": "function", "name": "f", "description": 5, "parameters": {}}]},
+        "tools[0].description",
+    ),
+    (
+        "a function strict a string",
+        {"tools": [{"type": "function", "name": "f", "strict": "yes", "parameters": {}}]},
+        "tools[0].strict",
+    ),
+    (
+        "a function name with spaces",
+        {"tools": [{"type": "function", "name": "bad name!", "parameters": {}}]},
+        "tools[0].name",
+    ),
+    (
+        "a json_schema format without a name",
+        {"text": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+        "text.format.name",
+    ),
+    (
+        "a content part of chat's type",
+        {"input": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+        "input[0].content",
+    ),
+    ("truncation unknown", {"truncation": "sometimes"}, "truncation"),
 ]
+
+
+BAD_CHAT: list[tuple[str, dict[str, Any], str]] = [
+    ("metadata with a number", {"metadata": {"k": 1}}, "metadata.k"),
+    ("service_tier unknown", {"service_tier": "fastest"}, "service_tier"),
+    (
+        "a function name with spaces",
+        {"tools": [{"type": "function", "function": {"name": "bad name!"}}]},
+        "tools[0].function.name",
+    ),
+    (
+        "a function strict a string",
+        {"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]},
+        "tools[0].function.strict",
+    ),
+    (
+        "a json_schema format without a name",
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+        "response_format.json_schema.name",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "change", "param"), BAD_CHAT, ids=[n for n, _, _ in BAD_CHAT])
+def test_a_malformed_chat_body_is_an_openai_400(
+    proxy_url: str, name: str, change: dict[str, Any], param: str
+) -> None:
+    answer = httpx.post(f"{proxy_url}/sessions/bad/v1/chat/completions", json={**CHAT, **change}, timeout=30)
+    assert answer.status_code == 400, (name, answer.text)
+    error = answer.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", param)
 
 
 @pytest.mark.parametrize(("name", "change", "param"), BAD_RESPONSES, ids=[n for n, _, _ in BAD_RESPONSES])
@@ -308,8 +374,6 @@ def test_json_nested_too_deep_is_a_400_on_the_dialect_routes(
         assert "128" in answer.json()["error"]["message"]
 
 
-CHAT: dict[str, Any] = {"model": "m", "messages": USER, "max_tokens": 4}
-COMPLETION: dict[str, Any] = {"model": "m", "prompt": "hi", "max_tokens": 4}
 # (route, base body, field, a value of the wrong JSON type): lax parsing would sample what was never
 # asked for ("32" as 32, true as 1 token), where OpenAI's and Anthropic's APIs answer a 400.
 WRONG_TYPES: list[tuple[str, dict[str, Any], str, Any]] = [
@@ -322,12 +386,21 @@ WRONG_TYPES: list[tuple[str, dict[str, Any], str, Any]] = [
     ("chat/completions", CHAT, "seed", "7"),
     ("chat/completions", CHAT, "logprobs", 1),
     ("chat/completions", CHAT, "top_logprobs", "2"),
+    ("chat/completions", CHAT, "store", "yes"),
+    ("chat/completions", CHAT, "user", 5),
+    ("chat/completions", CHAT, "metadata", ["a"]),
+    ("completions", COMPLETION, "user", 5),
     ("completions", COMPLETION, "max_tokens", "4"),
     ("completions", COMPLETION, "temperature", "1"),
     ("responses", RESPONSES, "max_output_tokens", "32"),
     ("responses", RESPONSES, "temperature", "1"),
     ("responses", RESPONSES, "stream", "yes"),
     ("responses", RESPONSES, "parallel_tool_calls", "true"),
+    ("responses", RESPONSES, "store", "yes"),
+    ("responses", RESPONSES, "user", 5),
+    ("responses", RESPONSES, "prompt_cache_key", 5),
+    ("responses", RESPONSES, "safety_identifier", 5),
+    ("responses", RESPONSES, "metadata", ["a"]),
     ("messages", ANTHROPIC, "max_tokens", "32"),
     ("messages", ANTHROPIC, "max_tokens", True),
     ("messages", ANTHROPIC, "stream", "yes"),

@@ -53,9 +53,18 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
             "unsupported_parameter",
         ),
         (
-            {"model": "m", "messages": USER, "response_format": {"type": "json_schema", "json_schema": {}}},
+            {
+                "model": "m",
+                "messages": USER,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "a"}},
+            },
             "response_format",
             "unsupported_parameter",
+        ),
+        (
+            {"model": "m", "messages": USER, "response_format": {"type": "json_schema", "json_schema": {}}},
+            "response_format.json_schema.name",
+            None,
         ),
         (
             {"model": "m", "messages": USER, "parallel_tool_calls": False},
@@ -85,7 +94,9 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
         ),
     ],
 )
-def test_invalid_requests_are_400_in_the_envelope(proxy_url: str, body: Any, param: str, code: str) -> None:
+def test_invalid_requests_are_400_in_the_envelope(
+    proxy_url: str, body: Any, param: str, code: str | None
+) -> None:
     error = _error(_post(proxy_url, body), 400)
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param
