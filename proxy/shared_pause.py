@@ -9,9 +9,11 @@ continued after the resume, as on the process that was told.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +39,17 @@ class SharedPause:
 
     def __post_init__(self) -> None:
         self.seen_abort_epoch = 0  # aborts ordered before this process followed the setting are past
+        self._telling = 0  # pauses and resumes this process is applying and publishing now
+
+    @contextlib.asynccontextmanager
+    async def told(self) -> AsyncIterator[None]:
+        """A pause or resume this process was told of, applied here and then published: a poll
+        meanwhile may read the value before it, and is left to the next one."""
+        self._telling += 1
+        try:
+            yield
+        finally:
+            self._telling -= 1
 
     async def _stored(self) -> dict[str, Any]:
         async with self.db_sessions() as db:
@@ -68,9 +81,17 @@ class SharedPause:
             self._stored_since({"since": since})
 
     async def follow_once(self) -> None:
-        """Bring this process's gate to the stored pause: pause, abort what runs here, or resume."""
-        stored = await self._stored()
+        """Bring this process's gate to the stored pause: pause, abort what runs here, or resume. A
+        read that a pause or resume told to this process overtook is stale (the stored value may
+        predate its publishing): it is left to the next poll, lest it undo what the trainer just
+        asked for."""
         gate = self.engine.gate
+        changes = gate.changes
+        if self._telling:
+            return
+        stored = await self._stored()
+        if self._telling or gate.changes != changes:
+            return
         if stored["paused"] and not gate.paused:
             gate.pause()
         if stored["paused"]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from fastapi import APIRouter
@@ -47,23 +48,31 @@ def _state(state: AppState, engine: ResumingEngine) -> dict[str, Any]:
 @router.post("/pause")
 async def pause(state: StateDep, body: PauseRequest | None = None) -> dict[str, Any]:
     engine = _engine(state)
-    engine.gate.pause()
-    abort = body is not None and body.abort_in_flight
-    if abort:
-        await engine.abort_in_flight()
-    if state.shared_pause is not None:  # every other process on the database follows
-        await state.shared_pause.publish(paused=True, abort=abort)
+    async with _told(state):
+        engine.gate.pause()
+        abort = body is not None and body.abort_in_flight
+        if abort:
+            await engine.abort_in_flight()
+        if state.shared_pause is not None:  # every other process on the database follows
+            await state.shared_pause.publish(paused=True, abort=abort)
     return _state(state, engine)
 
 
 @router.post("/resume")
 async def resume(state: StateDep) -> dict[str, Any]:
     engine = _engine(state)
-    await engine.refresh_version()  # the version the trainer just loaded, before anything samples
-    if state.shared_pause is not None:
-        await state.shared_pause.publish(paused=False)
-    engine.gate.resume()
+    async with _told(state):
+        await engine.refresh_version()  # the version the trainer just loaded, before anything samples
+        if state.shared_pause is not None:
+            await state.shared_pause.publish(paused=False)
+        engine.gate.resume()
     return _state(state, engine)
+
+
+def _told(state: AppState) -> contextlib.AbstractAsyncContextManager[None]:
+    """While this process applies and publishes a pause or resume, its own poll of the stored
+    pause must not undo it with a value read before the publishing."""
+    return state.shared_pause.told() if state.shared_pause is not None else contextlib.nullcontext()
 
 
 @router.get("/state")
