@@ -33,6 +33,7 @@ from proxy.dialects.openai_checks import check_inert_fields, check_name
 from proxy.dialects.responses_input import (
     chat_tool_choice,
     chat_tools,
+    check_call_pairs,
     input_conversion,
     input_messages,
 )
@@ -271,8 +272,10 @@ async def create_response(
         session_id = await retried_session(state, session, identity)
     sealer = state.sealer
     messages = await _messages(state, session, session_id, body)
-    if not (messages.messages if isinstance(messages, Forms) else messages):
+    conversation = messages.messages if isinstance(messages, Forms) else messages
+    if not conversation:
         raise InvalidRequest("input is empty", param="input")
+    check_call_pairs(conversation)
     request = turn_request(
         state,
         dialect="responses",

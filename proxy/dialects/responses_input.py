@@ -110,6 +110,27 @@ class _Turns:
         return self.messages
 
 
+def check_call_pairs(messages: list[Message]) -> None:
+    """OpenAI's pairing rules: a function_call_output answers a function_call before it (in the input,
+    or in the previous response), and every function_call is answered. A history that breaks them
+    would render a tool result the model never asked for, or a call that never got its result."""
+    unanswered: dict[str, None] = {}  # call ids, in order
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            unanswered[call["id"]] = None
+        if message.get("role") == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id not in unanswered:
+                raise InvalidRequest(
+                    f"No tool call found for function call output with call_id {call_id}.", param="input"
+                )
+            del unanswered[call_id]
+    if unanswered:
+        raise InvalidRequest(
+            f"No tool output found for function call {next(iter(unanswered))}.", param="input"
+        )
+
+
 def input_messages(
     instructions: str | None, items: str | list[dict[str, Any]], sealer: Sealer
 ) -> list[Message]:

@@ -270,6 +270,39 @@ BAD_RESPONSES: list[tuple[str, dict[str, Any], str]] = [
         "input[0].content",
     ),
     ("truncation unknown", {"truncation": "sometimes"}, "truncation"),
+    (
+        "a function_call_output answering no function_call",
+        {
+            "input": [
+                {"role": "user", "content": "hi"},
+                {"type": "function_call_output", "call_id": "c9", "output": "r"},
+            ]
+        },
+        "input",
+    ),
+    (
+        "a function_call left unanswered",
+        {
+            "input": [
+                {"role": "user", "content": "hi"},
+                {"type": "function_call", "name": "f", "call_id": "c1", "arguments": "{}"},
+                {"role": "user", "content": "go on"},
+            ]
+        },
+        "input",
+    ),
+    (
+        "a function_call_output sent twice",
+        {
+            "input": [
+                {"role": "user", "content": "hi"},
+                {"type": "function_call", "name": "f", "call_id": "c1", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "r"},
+                {"type": "function_call_output", "call_id": "c1", "output": "r"},
+            ]
+        },
+        "input",
+    ),
 ]
 
 
