@@ -102,8 +102,11 @@ class ResponseShape:
         if parsed.reasoning_content:
             cut_here = cut and not parsed.content
             items.append(self.reasoning_item(parsed.reasoning_content, _item_status(cut_here)))
-        if parsed.content:
-            items.append(self.message_item(parsed.content, _item_status(cut)))
+        # A turn that sampled no text and no call still answers a message (empty): echoed, it is the
+        # assistant turn the record holds (chat's content ""), so the segment goes on. Not after
+        # reasoning the budget cut, where no message began.
+        if parsed.content or not (parsed.tool_calls or (cut and parsed.reasoning_content)):
+            items.append(self.message_item(parsed.content or "", _item_status(cut)))
         for index, call in enumerate(parsed.tool_calls):
             function = call["function"]
             items.append(self.call_item(index, call["id"], function["name"], function["arguments"]))

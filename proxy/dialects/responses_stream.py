@@ -45,21 +45,23 @@ class _Writer:
     def _open_id(self) -> str:
         return self.shape.reasoning_id() if self.open_kind == "reasoning" else self.shape.message_id()
 
+    def _open(self, kind: str) -> list[bytes]:
+        events = self.close()
+        self.open_kind, self.text = kind, ""
+        item = (
+            self.shape.reasoning_item("", status="in_progress")
+            if kind == "reasoning"
+            else self.shape.message_item("", status="in_progress")
+        )
+        events.append(self.event("response.output_item.added", output_index=len(self.output), item=item))
+        part = {"type": "reasoning_text", "text": ""} if kind == "reasoning" else output_text("")
+        events.append(
+            self.event("response.content_part.added", **self._item_fields(), content_index=0, part=part)
+        )
+        return events
+
     def text_delta(self, kind: str, delta: str) -> list[bytes]:
-        events = []
-        if self.open_kind != kind:
-            events += self.close()
-            self.open_kind, self.text = kind, ""
-            item = (
-                self.shape.reasoning_item("", status="in_progress")
-                if kind == "reasoning"
-                else self.shape.message_item("", status="in_progress")
-            )
-            events.append(self.event("response.output_item.added", output_index=len(self.output), item=item))
-            part = {"type": "reasoning_text", "text": ""} if kind == "reasoning" else output_text("")
-            events.append(
-                self.event("response.content_part.added", **self._item_fields(), content_index=0, part=part)
-            )
+        events = self._open(kind) if self.open_kind != kind else []
         self.text += delta
         name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
         extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
@@ -92,6 +94,15 @@ class _Writer:
         self.output.append(item)
         self.open_kind = None
         return events
+
+    def missing_message(self, final: list[dict[str, Any]], status: str) -> list[bytes]:
+        """The empty message item of a turn that sampled no text and no call (the final output holds
+        one, so that the echoed turn continues its segment): its events, without a delta."""
+        if any(item["type"] == "message" for item in self.output) or not any(
+            item["type"] == "message" for item in final
+        ):
+            return []
+        return [*self._open("message"), *self.close(status)]
 
     def call(self, call: ToolCallDelta) -> list[bytes]:
         events = self.close()
@@ -154,6 +165,9 @@ async def response_events(
                 for chunk in writer.close(status):
                     yield chunk
                 # The items as recorded: the final parse decides, the streamed pieces only preview it.
-                final = shape.response(status, shape.output(result), shape.usage(result))
+                output = shape.output(result)
+                for chunk in writer.missing_message(output, status):
+                    yield chunk
+                final = shape.response(status, output, shape.usage(result))
                 yield writer.event(f"response.{status}", response=final)
                 return

@@ -344,3 +344,33 @@ def test_the_item_max_output_tokens_cut_is_incomplete(
     written = response["output"][-1]["content"][0]["text"]
     assert written
     assert written in qwen_tokenizer.decode(ids[:budget])
+
+
+@pytest.mark.parametrize("sampled", ["<think>\n\n</think>\n\n", "", "<think>\nOnly this.\n</think>\n\n"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_turn_that_sampled_no_text_answers_an_empty_message_that_continues_the_segment(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, sampled: str, stream: bool
+) -> None:
+    """A turn of no text and no call still answers a message, with empty text (chat answers content
+    ""): resent whole, as Codex and `store: false` harnesses do, it is the recorded turn, and the
+    session stays one segment. Streamed, the message's events come before response.completed."""
+    session = f"r-empty-{stream}-{len(sampled)}"
+    outputs = [push(engine, qwen_tokenizer, sampled), push(engine, qwen_tokenizer, "Next.")]
+    first_input = [{"role": "user", "content": "q"}]
+    body = {"model": "m", "input": first_input, "stream": stream}
+    if stream:
+        events, _ = sse_items(f"{proxy_url}/sessions/{session}/v1/responses", body)
+        kinds = [event["type"] for event in events]
+        assert kinds.count("response.output_item.done") == len(events[-1]["response"]["output"])
+        output = events[-1]["response"]["output"]
+    else:
+        output = httpx.post(f"{proxy_url}/sessions/{session}/v1/responses", json=body, timeout=30).json()[
+            "output"
+        ]
+    message = output[-1]
+    assert (message["type"], message["content"][0]["text"]) == ("message", "")
+    resent = {"model": "m", "input": [*first_input, *output, {"role": "user", "content": "again"}]}
+    second = httpx.post(f"{proxy_url}/sessions/{session}/v1/responses", json=resent, timeout=30)
+    assert second.status_code == 200, second.text
+    [segment] = segments(proxy_url, session)
+    assert_invariants(segment, engine.requests, outputs)
