@@ -121,6 +121,15 @@ def _pieces(ids: Sequence[int], specials: frozenset[int]) -> list[tuple[int, int
     return spans
 
 
+def _drops_reasoning_block(s_text: str, r_text: str) -> bool:
+    """The stream's text is the render's with one reasoning block more, whitespace aside."""
+    for block in _REASONING_BLOCKS:
+        rest, found = block.subn("", s_text, count=1)
+        if found and not block.search(r_text) and _whitespace_only(rest, r_text):
+            return True
+    return False
+
+
 def _whitespace_only(a: str, b: str) -> bool:
     matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
     for op, a0, a1, b0, b1 in matcher.get_opcodes():
@@ -324,6 +333,10 @@ class DriftClassifier:
             return diff("system_relocated")
         if _DATE.sub("<date>", s_text) == _DATE.sub("<date>", r_text) != s_text:
             return diff("date_changed")
+        if _drops_reasoning_block(s_text, r_text):
+            # Reasoning a fresh render wrote into the prompt (an assistant turn after the last user
+            # message), which the render of the later conversation strips as the template does.
+            return diff("history_reasoning_stripped")
         if self._repeated_opener(stream, render, (first, r0 + common), (s_diff, r_diff)):
             return diff("repeated_opener_dropped")
         return diff("unclassified")
@@ -350,10 +363,8 @@ class DriftClassifier:
             and not r_text.strip()
         ):
             return "history_reasoning_stripped"  # reasoning cut by max_tokens, dropped by the render
-        for block in _REASONING_BLOCKS:
-            rest, found = block.subn("", s_text, count=1)
-            if found and not block.search(r_text) and _whitespace_only(rest, r_text):
-                return "history_reasoning_stripped"
+        if _drops_reasoning_block(s_text, r_text):
+            return "history_reasoning_stripped"
         # The render keeps an empty think block (GLM, Nemotron): only the text inside it went. The
         # render closes it where the stream does, or where the stream's turn was cut (`r_after`).
         before = self._decode(list(stream.ids[max(0, first - 4) : first]))

@@ -81,6 +81,25 @@ def test_stripped_reasoning_and_think_wrapper(tok: Tokenizer) -> None:
         assert difference.position >= len(prompt)
 
 
+def test_reasoning_a_fresh_render_wrote_into_the_prompt_is_stripped_reasoning(tok: Tokenizer) -> None:
+    """A first request whose history ends in an assistant tool call with reasoning, after the last
+    user message: Qwen3 renders that reasoning into the prompt (not sampled). Once a later user
+    message follows, the render strips it: the template's own rule, allowed."""
+    classifier, close = _setup(tok)
+    head = _enc(tok, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    call = _enc(tok, '<tool_call>\n{"name": "calc", "arguments": {}}\n</tool_call>')
+    tail = _enc(tok, "<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n")
+    prompt_with_reasoning = [*head, *_enc(tok, "<think>\nbrown\n</think>\n\n"), *call, *tail]
+    answer = [*_enc(tok, "<|im_start|>assistant\n"), *_enc(tok, "ok"), close]
+    stream = [*prompt_with_reasoning, *answer]
+    render = [*head, *call, *tail, *answer]
+    sampled_from = len(prompt_with_reasoning) + 3
+    [difference] = classifier.compare(_facts(stream, sampled_from, len(stream), close), render)
+    assert difference.kind == "history_reasoning_stripped"
+    assert difference.allowed
+    assert difference.position < len(head) + 8
+
+
 def test_a_synthesized_close_is_named(tok: Tokenizer) -> None:
     classifier, close = _setup(tok)
     head = _enc(tok, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\ncut")
