@@ -30,7 +30,8 @@ def _text(content: Any, param: str) -> str:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in ("input_text", "output_text") or not isinstance(part.get("text"), str):
             raise UnsupportedParameter(
-                f"content parts of type {kind!r} are not supported; send text parts", param=param
+                f"content parts of type {kind!r} are not supported; send input_text (or output_text) parts",
+                param=param,
             )
         texts.append(part["text"])
     return "\n".join(texts)

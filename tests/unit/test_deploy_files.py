@@ -52,6 +52,8 @@ def test_scale_profile_runs_replicas_on_postgres_behind_the_router() -> None:
         assert services[name]["profiles"] == ["scale"], name
     router = services["sglang-router"]["command"]
     assert "http://sglang-worker-0:30000 http://sglang-worker-1:30000" in router
+    # The policy that hashes the proxy's X-SMG-Routing-Key (a session's turns to one worker's cache).
+    assert "--policy consistent_hashing" in router
     for name in ("proxy-1", "proxy-2"):
         env = services[name]["environment"]
         assert env["TITO_DB"].startswith("postgresql://")
@@ -116,6 +118,13 @@ def test_sglang_flags_come_from_the_environment(tmp_path: Path) -> None:
     assert "--reasoning-parser qwen3" in joined
     assert "--tool-call-parser" not in joined
     assert args[-3:] == ["--enable-deterministic-inference", "--mem-fraction-static", "0.8"]
+
+
+def test_a_model_at_a_revision_is_served_from_that_revision(tmp_path: Path) -> None:
+    args = " ".join(_launch(tmp_path, MODEL="Qwen/Qwen3-8B@abc123"))
+    assert "--model-path Qwen/Qwen3-8B --served-model-name Qwen/Qwen3-8B" in args
+    assert "--revision abc123" in args
+    assert "@" not in args
 
 
 def test_sglang_launcher_needs_a_model(tmp_path: Path) -> None:
