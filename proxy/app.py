@@ -55,6 +55,7 @@ from proxy.errors import (
 from proxy.export.summaries import store_on_finish
 from proxy.observe import context, metrics_route, ui
 from proxy.observe.framework_telemetry import fastapi_telemetry
+from proxy.observe.logs import configure as configure_logs
 from proxy.observe.logs import install_record_ids
 from proxy.observe.metrics import Metrics
 from proxy.observe.request_ids import RequestIdMiddleware
@@ -303,8 +304,12 @@ def _validation_code(error: Mapping[str, Any]) -> str:
 
 
 def app_from_env() -> FastAPI:
-    """The app of one `--workers` process (uvicorn imports it by name): settings from TITO_*."""
-    return create_app(Settings())
+    """The app of one `--workers` process (uvicorn imports it by name): settings from TITO_*. A worker
+    is a fresh process: its logging is set up here as `serve` set up its own (format, level, request
+    ids), or its lines would be Python's bare defaults."""
+    settings = Settings()
+    configure_logs(settings.log_level, settings.log_format)
+    return create_app(settings)
 
 
 class WorkerHeader:

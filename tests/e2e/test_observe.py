@@ -73,12 +73,15 @@ def test_log_lines_of_a_request_carry_its_ids_and_an_export_logs_one_line(
     assert all(r.session_id == "s0" for r in mine)  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
 def test_serve_with_json_logs_writes_one_object_per_line(
-    engine: FakeSGLang, qwen_dir: Path, tmp_path: Path
+    engine: FakeSGLang, qwen_dir: Path, tmp_path: Path, workers: str
 ) -> None:
+    """Also from `--workers` processes, which are fresh interpreters: their lines too are JSON with
+    request ids, access lines as asked."""
     env = {"TITO_DB": f"sqlite:///{tmp_path / 'j.db'}", "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
     log = tmp_path / "serve.log"
-    args = ["--tokenizer", str(qwen_dir), "--log-format", "json", "--access-log"]
+    args = ["--tokenizer", str(qwen_dir), "--log-format", "json", "--access-log", "--workers", workers]
     with spawn_proxy(args, env, log) as (_, url):
         reply = httpx.post(
             f"{url}/sessions/js/v1/chat/completions",
