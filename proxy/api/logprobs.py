@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,24 +52,48 @@ def completion_logprobs(
     top: Sequence[TopLogprobs] | None,
     top_count: int,
 ) -> dict[str, Any]:
-    """`choices[].logprobs` of a legacy completion: parallel lists and character offsets."""
+    """`choices[].logprobs` of a legacy completion: parallel lists and character offsets. Each
+    position's `top_logprobs` holds the `top_count` likeliest tokens and always the sampled one
+    ("up to logprobs+1 elements", as OpenAI's reference says)."""
     tokens = [pieces.text_of(t) for t in output_ids]
-    offsets = []
-    offset = 0
-    for token in tokens:
-        offsets.append(offset)
-        offset += len(token)
+    alternatives = [top[i][:top_count] if top is not None else [] for i in range(len(tokens))]
     return {
         "tokens": tokens,
         "token_logprobs": list(logprobs),
         "top_logprobs": [
-            {pieces.text_of(t): lp for t, lp in (top[i][:top_count] if top is not None else [])}
-            for i in range(len(tokens))
-        ]
-        if top_count
-        else None,
-        "text_offset": offsets,
+            _with_sampled(pieces, alternatives[i], (output_ids[i], token, logprobs[i]))
+            for i, token in enumerate(tokens)
+        ],
+        "text_offset": TextOffsets().of(pieces, output_ids),
     }
+
+
+def _with_sampled(
+    pieces: TokenPieces, alternatives: TopLogprobs, sampled: tuple[int, str, float]
+) -> dict[str, float]:
+    """A position's alternatives by text, the sampled token among them even when the engine's top
+    ones leave it out (a temperature sample outside them)."""
+    token_id, token, logprob = sampled
+    found = {pieces.text_of(t): lp for t, lp in alternatives}
+    if all(t != token_id for t, _ in alternatives):
+        found[token] = logprob
+    return found
+
+
+class TextOffsets:
+    """Where each token starts in the text the tokens decode to, in characters: a character whose
+    bytes span tokens is counted once its last byte arrives (its first tokens start where it does)."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.chars = 0
+
+    def of(self, pieces: TokenPieces, ids: Sequence[int]) -> list[int]:
+        offsets = []
+        for token_id in ids:
+            offsets.append(self.chars)
+            self.chars += len(self._decoder.decode(pieces.bytes_of(token_id)))
+        return offsets
 
 
 def answered_logprobs(

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import anyio
 import orjson
 
-from proxy.api.logprobs import answered_positions, chat_logprobs, completion_logprobs
+from proxy.api.logprobs import TextOffsets, answered_positions, chat_logprobs, completion_logprobs
 from proxy.api.schemas import SamplingRequest
 from proxy.chat.parsing import OutputParser
 from proxy.chat.streaming import StreamedMessage
@@ -64,13 +64,16 @@ class ChunkWriter:
     # Request fields the dialect names otherwise than the turn core (an error's `param`).
     field_names: ClassVar[dict[str, str]] = {}
 
-    def __init__(self, completion_id: str, model: str) -> None:
-        self.base = {
+    def __init__(self, completion_id: str, model: str, *, include_usage: bool = False) -> None:
+        self.base: dict[str, Any] = {
             "id": completion_id,
             "object": self.object_name,
             "created": int(time.time()),
             "model": model,
         }
+        if include_usage:
+            # OpenAI's stream_options.include_usage: every chunk before the usage one has usage null.
+            self.base["usage"] = None
 
     def delta(
         self,
@@ -126,10 +129,10 @@ class TextChunkWriter(ChunkWriter):
         return sse({**self.base, "choices": [choice]})
 
 
-def _writer(completion_id: str, model: str, *, text_completion: bool) -> ChunkWriter:
+def _writer(completion_id: str, options: StreamOptions, *, text_completion: bool) -> ChunkWriter:
     if text_completion:
-        return TextChunkWriter(f"cmpl-{completion_id}", model)
-    return ChunkWriter(f"chatcmpl-{completion_id}", model)
+        return TextChunkWriter(f"cmpl-{completion_id}", options.model, include_usage=options.include_usage)
+    return ChunkWriter(f"chatcmpl-{completion_id}", options.model, include_usage=options.include_usage)
 
 
 class _Logprobs:
@@ -140,7 +143,8 @@ class _Logprobs:
         self.top_count = top_count
         self.shape = writer.logprobs_shape
         self.sent = 0
-        self.chars = 0  # characters of the tokens sent: where a completion's next text_offset starts
+        # A completion's text offsets run over the whole text, its characters split across chunks too.
+        self.offsets = TextOffsets()
 
     def take(
         self, ids: Sequence[int], logprobs: Sequence[float], top: Sequence[TopLogprobs] | None, upto: int
@@ -156,8 +160,7 @@ class _Logprobs:
             self.top_count,
         )
         if "text_offset" in shaped:  # offsets into the whole completion's text, as unstreamed
-            shaped["text_offset"] = [self.chars + offset for offset in shaped["text_offset"]]
-            self.chars += sum(len(token) for token in shaped["tokens"])
+            shaped["text_offset"] = self.offsets.of(self.pieces, ids[start:upto])
         return shaped
 
 
@@ -380,7 +383,7 @@ async def sse_events(
     text_completion: bool = False,
 ) -> AsyncIterator[bytes]:
     """The whole event stream of one request: every choice, usage, then [DONE]."""
-    writer = _writer(turn.request_id, options.model, text_completion=text_completion)
+    writer = _writer(turn.request_id, options, text_completion=text_completion)
     results: list[TurnResult] = []
     choices = [
         _choice_events(
@@ -415,7 +418,7 @@ async def replayed_events(
     text_completion: bool = False,
 ) -> AsyncIterator[bytes]:
     """A recorded answer streamed again (an idempotent retry): whole deltas, then finish and usage."""
-    writer = _writer(results[0].request_id, options.model, text_completion=text_completion)
+    writer = _writer(results[0].request_id, options, text_completion=text_completion)
     for result in results:
         index = result.choice_index
         generation = result.generation

@@ -65,6 +65,50 @@ def test_a_streamed_completions_text_offsets_run_over_the_whole_text(
     assert offsets == whole["choices"][0]["logprobs"]["text_offset"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_text_offsets_count_characters_split_across_tokens_once(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, stream: bool
+) -> None:
+    """A character whose bytes span tokens (an emoji, a CJK character in pieces) is one character of
+    the text: each offset is where its token starts in the text, never past its end."""
+    text = " 東京 🌧 ok"
+    _script(engine, qwen_tokenizer, text)
+    body = {"model": "m", "prompt": "Weather:", "max_tokens": 32, "logprobs": 1, "stream": stream}
+    response = httpx.post(f"{proxy_url}/sessions/off-{stream}/v1/completions", json=body, timeout=30)
+    chunks = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+    if not stream:
+        chunks = [response.json()]
+    answer = "".join(c["choices"][0]["text"] for c in chunks)
+    logprobs = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["logprobs"]]
+    offsets = [o for lp in logprobs for o in lp["text_offset"]]
+    tokens = [t for lp in logprobs for t in lp["tokens"]]
+    assert any(t.startswith("bytes:") for t in tokens), tokens  # the emoji is split across tokens
+    assert offsets == sorted(offsets)
+    assert all(offset <= len(answer) for offset in offsets)
+    for offset, token in zip(offsets, tokens, strict=True):
+        if not token.startswith("bytes:"):
+            assert answer[offset : offset + len(token)] == token
+    assert answer == text
+
+
+@pytest.mark.parametrize("count", [0, 2])
+def test_top_logprobs_always_hold_the_sampled_token(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer, count: int
+) -> None:
+    """OpenAI: "The API will always return the logprob of the sampled token, so there may be up to
+    logprobs+1 elements": also when the engine's top k leave out what a temperature sample picked."""
+    engine.sampled_in_top = False
+    output = _script(engine, qwen_tokenizer, " Hello there.")
+    answer = _complete(proxy_url, f"top{count}", prompt="Say:", logprobs=count)
+    logprobs = answer["choices"][0]["logprobs"]
+    assert len(logprobs["top_logprobs"]) == len(output) - 1
+    for token, logprob, top in zip(
+        logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"], strict=True
+    ):
+        assert top[token] == logprob
+        assert len(top) == count + 1
+
+
 def test_token_prompts_that_extend_a_record_continue_its_segment(
     proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
 ) -> None:

@@ -51,6 +51,8 @@ def test_stream_reassembles_to_the_non_streaming_answer(
     ]
     assert streamed["finish_reason"] == "tool_calls"
     assert events[-1]["usage"] == plain["usage"]
+    # OpenAI: "All other chunks will also include a usage field, but with a null value."
+    assert all("usage" in e and e["usage"] is None for e in events[:-1])
     content_events = [e for e in events if e["choices"] and e["choices"][0]["delta"].get("reasoning_content")]
     assert len(content_events) > 3, "reasoning must arrive in several deltas, not at the end"
     # The record of the streamed turn is token for token the record of the plain one.

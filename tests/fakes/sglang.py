@@ -97,6 +97,9 @@ class FakeSGLang:
     kv_capacity: int | None = None
     incremental: bool = False  # like --incremental-streaming-output: chunks carry deltas
     chunk_delay_s: float = 0.0  # pause between streamed chunks
+    # False: the alternatives are likelier tokens than the sampled one, which a temperature sample can
+    # pick from outside SGLang's top k (its top_logprobs then leave the sampled token out).
+    sampled_in_top: bool = True
     stream_closed: bool = False  # set when a client went away mid-stream
     # A fault for every /generate call: "http500", "malformed_json", "hang", "cut_stream",
     # "late_error" (a stream that is only an error event, as SGLang sends errors found after admission),
@@ -178,7 +181,13 @@ class FakeSGLang:
         return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def _top(self, ids: list[int], logprobs: list[float], count: int) -> list[list[list[Any]]]:
-        """Alternatives as SGLang sends them: the sampled token first, then made-up runners-up."""
+        """Alternatives as SGLang sends them: the sampled token first, then made-up runners-up (or,
+        with sampled_in_top off, likelier tokens only)."""
+        if not self.sampled_in_top:
+            return [
+                [[lp + count - rank, (token + rank + 1) % self.vocab_size, None] for rank in range(count)]
+                for token, lp in zip(ids, logprobs, strict=True)
+            ]
         return [
             [[lp - rank, (token + rank) % self.vocab_size, None] for rank in range(count)]
             for token, lp in zip(ids, logprobs, strict=True)
