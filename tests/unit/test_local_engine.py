@@ -48,7 +48,7 @@ def test_padding_ids_past_the_tokenizer_are_never_sampled(demo_model: Path, tmp_
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(demo_model), dtype=torch.float32)
-    weight = model.get_input_embeddings().weight  # tied to the output layer
+    weight: torch.Tensor = model.get_input_embeddings().weight  # type: ignore[assignment]  # tied to the output
     known = 151_669
     with torch.no_grad():
         direction = torch.randn(weight.shape[1], generator=torch.Generator().manual_seed(0))
