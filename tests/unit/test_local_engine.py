@@ -43,12 +43,13 @@ def test_padding_ids_past_the_tokenizer_are_never_sampled(demo_model: Path, tmp_
     +u/-u far longer than any other row: one of them scores highest for any hidden state) must
     still never be sampled, nor counted in a logprob."""
     import shutil
+    from typing import cast
 
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(demo_model), dtype=torch.float32)
-    weight: torch.Tensor = model.get_input_embeddings().weight  # type: ignore[assignment]  # tied to the output
+    weight = cast(torch.Tensor, model.get_input_embeddings().weight)  # tied to the output layer
     known = 151_669
     with torch.no_grad():
         direction = torch.randn(weight.shape[1], generator=torch.Generator().manual_seed(0))
