@@ -11,11 +11,13 @@ _DIGITS = re.compile(r"(\d+)")
 
 
 def version_key(version: str) -> tuple[object, ...]:
-    """Sort key: `9` < `10`, `step-9` < `step-10`, `v1.2` < `v1.10`; plain numbers before labels."""
+    """Sort key: by the numbers a version holds, whatever text is around them. `9` < `10`, `step-9` <
+    `step-10`, `v1.2` < `v1.10`, `v0` < `1` < `step-2`; a label without a number (`initial`, SGLang's
+    default) before every numbered one (it names the weights before the first update). A plain
+    number is one number (`1.5`); versions of the same numbers are ordered by their text."""
     if _NUMBER.match(version):
-        return (0, float(version), version)
-    parts = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in _DIGITS.split(version) if p)
-    return (1, parts, version)
+        return ((float(version),), version)
+    return (tuple(int(p) for p in _DIGITS.findall(version)), version)
 
 
 def sorted_versions(versions: Iterable[str | None]) -> list[str]:

@@ -35,3 +35,14 @@ def test_an_empty_output_has_no_spans_and_spans_of_one_version_are_joined() -> N
         {"version": "v1", "start": 0, "end": 3},
         {"version": "v2", "start": 3, "end": 5},
     ]
+
+
+def test_labels_order_by_the_numbers_they_hold() -> None:
+    """SGLang's default `initial`, `v0` and bare steps in one run: a version older than the bound never
+    passes it because of its text (a label once sorted after every number, so `v0` >= `1000000`)."""
+    assert sorted_versions(["3", "v0", "initial", "step-2", "1"]) == ["initial", "v0", "1", "step-2", "3"]
+    assert not at_least("v0", "1")
+    assert not at_least("v0", "1000000")
+    assert not at_least("initial", "5")
+    assert at_least("v7", "5")
+    assert at_least("step-5", "5")

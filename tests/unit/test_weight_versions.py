@@ -10,7 +10,8 @@ def test_numbers_and_numbered_labels_order_as_numbers() -> None:
     assert version_range(["step-10", "step-9"]) == ("step-9", "step-10")
     assert version_range(["v1.10", "v1.2"]) == ("v1.2", "v1.10")
     assert version_range([None, None]) == (None, None)
-    assert sorted(["2.5", "10", "1e3x", "abc"], key=version_key) == ["2.5", "10", "1e3x", "abc"]
+    # By the numbers each holds: none first, then (1, 3), (2.5,), (10,).
+    assert sorted(["2.5", "10", "1e3x", "abc"], key=version_key) == ["abc", "1e3x", "2.5", "10"]
 
 
 def test_version_spans_cover_the_output_and_name_the_unnamed() -> None:
