@@ -29,11 +29,12 @@ def token_id(tokenizer: Tokenizer, text: str) -> int:
 
 
 @contextmanager
-def serve(app: Any) -> Iterator[str]:
-    """Run `app` under uvicorn (lifespan included) and yield its base URL; stop it on exit."""
+def serve(app: Any, port: int = 0) -> Iterator[str]:
+    """Run `app` under uvicorn (lifespan included) and yield its base URL; stop it on exit. `port` 0:
+    any free one."""
     # The HTTP protocol `tito-proxy serve` runs (a response's head and body in one write).
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", http=OneSendHttpToolsProtocol
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", http=OneSendHttpToolsProtocol
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

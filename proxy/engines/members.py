@@ -58,6 +58,9 @@ class Member:
     in_flight: int = 0
     last_error: str | None = None
     sessions: int = 0  # sessions this process assigned to it
+    # False for an engine that could not tell its model yet (down at start): it takes no call until
+    # a health check finds it serving the pool's model.
+    model_known: bool = True
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while no call is in flight
 
     def __post_init__(self) -> None:
@@ -74,7 +77,7 @@ class Member:
 
     @property
     def usable(self) -> bool:
-        return self.healthy and not self.draining
+        return self.healthy and not self.draining and self.model_known
 
     def report(self) -> dict[str, Any]:
         return {

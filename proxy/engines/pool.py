@@ -73,7 +73,11 @@ class EnginePool:
     def _least_loaded(self, avoid: set[str]) -> Member | None:
         candidates = [m for m in self.members.values() if m.usable and m.id not in avoid]
         if not candidates:  # none healthy: a stale check must not stop a lone engine from being tried
-            candidates = [m for m in self.members.values() if not m.draining and m.id not in avoid]
+            candidates = [
+                m
+                for m in self.members.values()
+                if not m.draining and m.id not in avoid and (m.model_known or len(self.members) == 1)
+            ]
         return min(candidates, key=lambda m: (m.in_flight, m.sessions), default=None)
 
     async def _pick(self, affinity: str | None, avoid: set[str]) -> Member:
@@ -100,7 +104,16 @@ class EnginePool:
         chosen = self._least_loaded(avoid)
         if chosen is None or chosen is current:
             return current if current is not None and current.id not in avoid else chosen
-        winner = self.members.get(await self.store.assign(session_id, chosen.id, replacing=engine_id))
+        # Counted (as a session, and as the call it is about to make) before the store's write is
+        # awaited: new sessions picked meanwhile (a batch of rollouts starting together) see this one,
+        # instead of all taking the same least loaded engine.
+        chosen.sessions += 1
+        chosen.in_flight += 1
+        try:
+            winner = self.members.get(await self.store.assign(session_id, chosen.id, replacing=engine_id))
+        finally:
+            chosen.sessions -= 1
+            chosen.in_flight -= 1
         if winner is not None and winner.usable and winner.id not in avoid:
             chosen = winner  # another process assigned it first
         if current is not None:
@@ -258,8 +271,22 @@ class EnginePool:
         except Exception as exc:  # an engine's probe failing in any way is an unhealthy engine
             ok = False
             member.last_error = str(exc) or type(exc).__name__
+        if ok and not member.model_known:
+            ok = await self._model_found(member)
         self._mark(member, healthy=ok, error=None if ok else member.last_error or "health check failed")
         return ok
+
+    async def _model_found(self, member: Member) -> bool:
+        """Whether an engine that was down at start serves the pool's model, now that it answers: one
+        serving another model never takes a call (its tokens would be recorded as this model's)."""
+        try:
+            await self.check_model(member.engine, member.url)
+        except ProxyError as exc:
+            member.last_error = exc.message
+            return False
+        member.model_known = True
+        log.info("engine %s (%s) serves this proxy's model", member.id, member.url)
+        return True
 
     def _mark(self, member: Member, *, healthy: bool, error: str | None) -> None:
         if member.healthy != healthy:

@@ -131,7 +131,12 @@ async def _same_model(pool: EnginePool, members: list[Member]) -> None:
             await pool.check_model(member.engine, member.url)
         except ProxyError as exc:
             if exc.code == "engine_unreachable":
-                log.warning("engine %s: %s; its model cannot be compared yet", member.id, exc.message)
+                log.warning(
+                    "engine %s: %s; it takes no call until it is found serving this model",
+                    member.id,
+                    exc.message,
+                )
+                member.model_known = False
                 continue
             log.error("tito-proxy cannot start: %s", exc.message)
             raise EngineMismatch(exc.message) from exc

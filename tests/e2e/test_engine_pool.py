@@ -27,7 +27,7 @@ from tests.conftest import ProxyFactory
 from tests.fakes.router import FakeRouter
 from tests.fakes.sglang import FakeSGLang
 from tests.fakes.vllm import FakeVLLM
-from tests.support import assemble_stream, serve, spawn_proxy, stream_events, token_id
+from tests.support import assemble_stream, free_port, serve, spawn_proxy, stream_events, token_id
 
 MakeEngine = Callable[..., FakeSGLang]
 
@@ -139,6 +139,65 @@ def test_a_new_session_goes_to_the_engine_with_the_fewest_turns_in_flight(
             thread.join()
     assert in_flight == [1, 1, 0]
     assert _served(fakes, qwen_tokenizer, "d") == [2]  # not engine-0, first among equals by sessions
+
+
+def test_new_sessions_starting_together_spread_over_the_engines(
+    start_proxy: ProxyFactory, engine: FakeSGLang, make_engine: MakeEngine
+) -> None:
+    """A batch of rollouts whose first turns arrive at once: each placement counts the ones made
+    before it, though their assignments are still being written (all went to one engine before)."""
+    fakes = [engine, make_engine(), make_engine()]
+    for fake in fakes:
+        fake.fault, fake.hang_s = "hang", 1.0  # every first turn stays in flight a while
+    urls = ",".join(fake.url for fake in fakes)  # type: ignore[attr-defined]
+    with start_proxy(engine_url=urls) as url:
+        batch = [
+            threading.Thread(target=_turn, args=(url, f"b{i}", [{"role": "user", "content": f"hello {i}"}]))
+            for i in range(12)
+        ]
+        for thread in batch:
+            thread.start()
+        for thread in batch:
+            thread.join()
+        placed = [e["sessions"] for e in httpx.get(f"{url}/admin/engines").json()["engines"]]
+    assert placed == [4, 4, 4]
+    assert [len(fake.requests) for fake in fakes] == [4, 4, 4]
+
+
+def test_an_engine_down_at_start_that_comes_up_serving_another_model_takes_no_call(
+    start_proxy: ProxyFactory, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    """Its model could not be compared at start (nothing listened): it is compared once the engine
+    answers, and one serving another model stays out (its tokens would be recorded as this model's)."""
+    port = free_port()
+    late = FakeSGLang(
+        tokenizer=qwen_tokenizer,
+        eos_ids=(token_id(qwen_tokenizer, "<|im_end|>"),),
+        vocab_size=qwen_tokenizer.get_vocab_size(with_added_tokens=True),
+        model_name="another-model",
+    )
+    urls = f"{engine.url},http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    with start_proxy(engine_url=urls, engine_health_interval_s=0.1) as url, serve(late.app(), port=port):
+
+        def late_engine() -> dict[str, Any]:
+            listed: dict[str, Any] = httpx.get(f"{url}/admin/engines").json()["engines"][1]
+            return listed
+
+        deadline = time.monotonic() + 10
+        while "another-model" not in str(late_engine()["last_error"]):
+            assert time.monotonic() < deadline, late_engine()
+            time.sleep(0.05)
+        for index in range(4):
+            _turn(url, f"m{index}", [{"role": "user", "content": "hello"}])
+        assert not late_engine()["healthy"]
+        late.model_name = engine.model_name  # the same model now: it takes calls again
+        while not late_engine()["healthy"]:
+            assert time.monotonic() < deadline + 10, late_engine()
+            time.sleep(0.05)
+        for index in range(4):
+            _turn(url, f"n{index}", [{"role": "user", "content": "hello"}])
+    assert len(engine.requests) == 4  # every session while the late engine served another model
+    assert len(late.requests) == 4  # the new sessions after: it had none, the least loaded
 
 
 def test_a_lost_engines_sessions_move_and_render_the_same_ids(
