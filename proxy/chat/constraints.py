@@ -42,7 +42,11 @@ def _tag(call_format: CallFormat, tool: dict[str, Any]) -> dict[str, Any]:
 
 
 def tool_choice_constraint(
-    tool_choice: str | dict[str, Any] | None, tools: list[dict[str, Any]] | None, parser_name: str
+    tool_choice: str | dict[str, Any] | None,
+    tools: list[dict[str, Any]] | None,
+    parser_name: str,
+    *,
+    one_call: bool | None = None,
 ) -> tuple[ConstraintKind, str] | None:
     """The grammar that makes the model call a tool ("required") or one named function; None for
     "auto" and "none", which need no grammar."""
@@ -76,8 +80,9 @@ def tool_choice_constraint(
             "triggers": [call_format.trigger],
             "tags": [_tag(call_format, t) for t in chosen],
             "at_least_one": True,
-            # A named function is called once; "required" allows parallel calls.
-            "stop_after_first": tool_choice != "required",
+            # A named function is called once; "required" allows parallel calls (chat's rules);
+            # `one_call` says otherwise where the dialect does (Anthropic's disable_parallel_tool_use).
+            "stop_after_first": tool_choice != "required" if one_call is None else one_call,
         },
     }
     return "structural_tag", orjson.dumps(tag).decode()

@@ -23,6 +23,7 @@ from proxy.dialects.anthropic_input import (
     anthropic_message,
     anthropic_messages,
     chat_tool_choice,
+    one_call,
     system_messages,
 )
 from proxy.dialects.anthropic_output import MessageShape
@@ -240,6 +241,7 @@ async def create_message(
         stop=tuple(body.stop_sequences or ()),
         response_format=body.response_format(),
         format_param="output_config.format",
+        one_call=one_call(body.tool_choice),
         raw=body.model_dump(exclude={"messages", "system", "tools"}, exclude_none=True),
         identity=identity,
     )

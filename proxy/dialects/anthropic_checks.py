@@ -13,12 +13,26 @@ THINKING_TYPES = (None, "enabled", "disabled", "adaptive", "between_tools")
 # "summarized" returns the thinking (the sampled reasoning, which this proxy returns whole);
 # "omitted" leaves it out and carries it in the signature.
 THINKING_DISPLAYS = (None, "summarized", "omitted")
+THINKING_KEYS = frozenset({"type", "budget_tokens", "display"})
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "service_tier": ("auto", "standard_only"),
+    "speed": ("standard", "fast"),
+}
+TOOL_CHOICE_KEYS = frozenset({"type", "name", "disable_parallel_tool_use"})
 
 
 # Anthropic's floor for an enabled thinking budget (its API answers a smaller one with a 400).
 MIN_THINKING_BUDGET = 1024
 # With this beta, a budget counts across a whole turn's thinking blocks and may exceed max_tokens.
 INTERLEAVED_THINKING_BETA = "interleaved-thinking-"
+
+
+def check_keys(value: dict[str, Any], known: frozenset[str], param: str) -> None:
+    """Anthropic's refusal of a key its types do not hold, at any depth."""
+    for key in value:
+        if key not in known:
+            raise InvalidRequest(f"{param}.{key}: Extra inputs are not permitted", param=f"{param}.{key}")
 
 
 def check_thinking(
@@ -33,6 +47,11 @@ def check_thinking(
     kind = thinking.get("type")
     if kind not in THINKING_TYPES:
         raise UnsupportedParameter(f"unknown thinking type {kind!r}", param="thinking.type")
+    for key in thinking:
+        if key not in THINKING_KEYS or (key == "budget_tokens" and kind == "disabled"):
+            raise InvalidRequest(
+                f"thinking.{kind}.{key}: Extra inputs are not permitted", param=f"thinking.{key}"
+            )
     if thinking.get("display") not in THINKING_DISPLAYS:
         raise InvalidRequest("thinking.display is 'summarized' or 'omitted'", param="thinking.display")
     budget = thinking.get("budget_tokens")
@@ -62,6 +81,16 @@ def thinking_omitted(thinking: dict[str, Any] | None) -> bool:
     return (thinking or {}).get("display") == "omitted"
 
 
+def check_inert_values(extras: dict[str, Any] | None) -> None:
+    """The fields accepted as inert (they change nothing sampled) hold values of Anthropic's types."""
+    fields = extras or {}
+    for name, choices in _CHOICES.items():
+        if fields.get(name) is not None and fields[name] not in choices:
+            raise InvalidRequest(f"{name}: Input should be {', '.join(map(repr, choices))}", param=name)
+    if fields.get("inference_geo") is not None and not isinstance(fields["inference_geo"], str):
+        raise InvalidRequest("inference_geo: Input should be a valid string", param="inference_geo")
+
+
 def check_metadata(extras: dict[str, Any] | None) -> None:
     """`metadata` holds `user_id` (a string, or null) and nothing else."""
     metadata = (extras or {}).get("metadata")
@@ -80,8 +109,11 @@ def check_output_config(output_config: dict[str, Any] | None) -> None:
     config = output_config or {}
     if set(config) - {"effort", "format"}:
         raise UnsupportedParameter("output_config supports effort and format", param="output_config")
-    if not isinstance(config.get("effort", ""), str):
-        raise InvalidRequest("output_config.effort must be a string", param="output_config.effort")
+    if config.get("effort") is not None and config["effort"] not in EFFORTS:
+        raise InvalidRequest(
+            f"output_config.effort: Input should be {', '.join(map(repr, EFFORTS))}",
+            param="output_config.effort",
+        )
     found = config.get("format")
     if found is None:
         return
@@ -109,6 +141,7 @@ def check_fields(
     """The checks a Messages request and a count_tokens request share: fields this proxy cannot
     honour (all but the declared and `inert` ones), then each field's own rules."""
     refuse_unsupported(extras, inert)
+    check_inert_values(extras)
     check_metadata(extras)
     check_context_management(context_management)
     check_output_config(output_config)

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from proxy.chat.messages import UNVERIFIED_REASONING, Message
-from proxy.dialects.anthropic_checks import check_tool_pairs
+from proxy.dialects.anthropic_checks import TOOL_CHOICE_KEYS, check_keys, check_tool_pairs
 from proxy.dialects.anthropic_tools import AnthropicTools
 from proxy.dialects.seals import Sealer
 from proxy.errors import InvalidRequest, UnsupportedParameter
@@ -20,6 +20,40 @@ from proxy.errors import InvalidRequest, UnsupportedParameter
 
 def _block_type(block: Any) -> str | None:
     return block.get("type") if isinstance(block, dict) else None
+
+
+# The keys Anthropic's API takes on each block it can hold here; any other is its 400 "Extra inputs
+# are not permitted" (a key this proxy would drop from the prompt and the record alike).
+_BLOCK_KEYS: dict[str | None, frozenset[str]] = {
+    "text": frozenset({"type", "text", "cache_control", "citations"}),
+    "thinking": frozenset({"type", "thinking", "signature"}),
+    "redacted_thinking": frozenset({"type", "data"}),
+    "tool_use": frozenset({"type", "id", "name", "input", "cache_control", "caller"}),
+    "tool_result": frozenset({"type", "tool_use_id", "content", "is_error", "cache_control"}),
+    "tool_reference": frozenset({"type", "tool_name", "cache_control"}),
+}
+_MESSAGE_KEYS = frozenset({"role", "content"})
+_CACHE_TTLS = ("5m", "1h")
+_WHITESPACE_ONLY = "messages: text content blocks must contain non-whitespace text"
+
+
+def check_cache_control(holder: dict[str, Any], param: str) -> None:
+    """`cache_control` (a hint: accepted and recorded) as Anthropic types it: ephemeral, 5m or 1h."""
+    control = holder.get("cache_control")
+    if control is None:
+        return
+    if not isinstance(control, dict) or control.get("type") != "ephemeral":
+        raise InvalidRequest(f"{param}.cache_control.type: Input should be 'ephemeral'", param=param)
+    if control.get("ttl") is not None and control["ttl"] not in _CACHE_TTLS:
+        raise InvalidRequest(f"{param}.cache_control.ttl: Input should be '5m' or '1h'", param=param)
+
+
+def _checked_block(block: Any, param: str) -> Any:
+    """A block with known keys only (its type's own checks come where it is read)."""
+    if isinstance(block, dict) and (known := _BLOCK_KEYS.get(block.get("type"))) is not None:
+        check_keys(block, known, param)
+        check_cache_control(block, param)
+    return block
 
 
 def _string(block: dict[str, Any], key: str, param: str) -> str:
@@ -36,7 +70,7 @@ def _blocks(content: Any, param: str) -> list[Any]:
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
         raise InvalidRequest("content must be a string or a list of blocks", param=param)
-    return content
+    return [_checked_block(block, param) for block in content]
 
 
 def blocks_text(content: Any, param: str) -> str:
@@ -51,7 +85,7 @@ def blocks_text(content: Any, param: str) -> str:
             raise UnsupportedParameter(
                 f"content blocks of type {_block_type(block)!r} are not supported here", param=param
             )
-        texts.append(_string(block, "text", param))
+        texts.append(_string(_checked_block(block, param), "text", param))
     return "\n".join(texts)
 
 
@@ -73,11 +107,15 @@ def _thinking(block: dict[str, Any], sealer: Sealer, param: str) -> tuple[str, b
     """A thinking block's reasoning and whether we issued it: its signature seals its text, or
     (thinking.display "omitted", the text left out) carries it."""
     thought = _string(block, "thinking", param)
-    signature = str(block.get("signature", ""))
+    signature = _string(block, "signature", param)  # Anthropic requires it, empty or not
     if sealer.verifies(thought, signature):
         return thought, True
     carried = sealer.opened(signature) if thought == "" else None
     return (carried, True) if carried is not None else (thought, False)
+
+
+# The order a chat template renders an assistant turn in: its reasoning, its text, its calls.
+_PLACES = {"thinking": 0, "redacted_thinking": 0, "text": 1, "tool_use": 2}
 
 
 def _assistant(content: Any, sealer: Sealer, param: str) -> Message:
@@ -87,8 +125,19 @@ def _assistant(content: Any, sealer: Sealer, param: str) -> Message:
     texts: list[str] = []
     thoughts: list[str] = []
     verified = True
+    place, last = 0, "thinking"
     for block in _blocks(content, param):
         kind = _block_type(block)
+        if kind not in _PLACES:
+            raise UnsupportedParameter(f"assistant blocks of type {kind!r} are not supported", param=param)
+        if _PLACES[kind] < place:
+            # One message holds one reasoning, one text and the calls, rendered in that order.
+            raise UnsupportedParameter(
+                f"a {kind} block after a {last} block cannot be rendered in its place: an assistant "
+                "turn renders its thinking, then its text, then its tool uses",
+                param=param,
+            )
+        place, last = _PLACES[kind], kind
         if kind == "text":
             texts.append(_string(block, "text", param))
         elif kind == "thinking":
@@ -96,11 +145,13 @@ def _assistant(content: Any, sealer: Sealer, param: str) -> Message:
             thoughts.append(thought)
             verified = verified and sealed
         elif kind == "redacted_thinking":
+            _string(block, "data", param)
             verified = False  # we never redact: this is not reasoning we sampled
-        elif kind == "tool_use":
-            message.setdefault("tool_calls", []).append(_tool_use(block, param))
         else:
-            raise UnsupportedParameter(f"assistant blocks of type {kind!r} are not supported", param=param)
+            message.setdefault("tool_calls", []).append(_tool_use(block, param))
+    ids = [call["id"] for call in message.get("tool_calls", [])]
+    if len(set(ids)) != len(ids):
+        raise InvalidRequest(f"{param}: tool_use ids must be unique", param=param)
     if texts:
         message["content"] = "".join(texts)
     if thoughts:
@@ -137,11 +188,20 @@ def _user(content: Any, tools: AnthropicTools, param: str) -> list[Message]:
             param=param,
         )
     if isinstance(content, str):
+        if not content.strip():
+            raise InvalidRequest(
+                "messages: text content blocks must contain non-whitespace text", param=param
+            )
         return [{"role": "user", "content": content}]
     found: list[Message] = []
     texts: list[str] = []
     for block in _blocks(content, param):
         kind = _block_type(block)
+        if kind == "tool_result" and texts:
+            raise InvalidRequest(
+                f"{param}: tool_result blocks must come first in a message, before any text",
+                param=param,
+            )
         if kind == "tool_result":
             if not isinstance(block.get("is_error", False), bool):
                 raise InvalidRequest("tool_result.is_error must be a boolean", param=param)
@@ -151,9 +211,14 @@ def _user(content: Any, tools: AnthropicTools, param: str) -> list[Message]:
         elif kind == "text":
             if _string(block, "text", param) == "":
                 raise InvalidRequest("text content blocks must be non-empty", param=param)
+            if not block["text"].strip():
+                raise InvalidRequest(_WHITESPACE_ONLY, param=param)
             texts.append(block["text"])
         else:
             raise UnsupportedParameter(f"user blocks of type {kind!r} are not supported", param=param)
+    answered = [message["tool_call_id"] for message in found]
+    if len(set(answered)) != len(answered):
+        raise InvalidRequest(f"{param}: each tool_use is answered by one tool_result", param=param)
     if texts:
         found.append({"role": "user", "content": "\n".join(texts)})
     return found
@@ -184,7 +249,14 @@ def anthropic_message(
     load deferred tools in `tools` (the only way a message depends on the ones before it)."""
     role = message.get("role")
     param = f"messages[{index}].content"
+    check_keys(message, _MESSAGE_KEYS, f"messages[{index}]")
     if role == "assistant":
+        if message.get("content") == []:
+            raise InvalidRequest(
+                f"messages[{index}]: all messages must have non-empty content except for the "
+                "optional final assistant message",
+                param=param,
+            )
         return [_assistant(message.get("content"), sealer, param)]
     if role == "user":
         return _user(message.get("content"), tools, param)
@@ -194,15 +266,32 @@ def anthropic_message(
     raise InvalidRequest(f"unknown role {role!r}", param=f"messages[{index}].role")
 
 
+def one_call(choice: dict[str, Any] | None) -> bool | None:
+    """Whether a forced call is one call: Anthropic allows parallel uses unless
+    disable_parallel_tool_use (for `tool` too, where chat's named function is called once)."""
+    if choice is None or choice.get("type") not in ("any", "tool"):
+        return None
+    flag = choice.get("disable_parallel_tool_use", False)
+    if not isinstance(flag, bool):
+        raise InvalidRequest(
+            "tool_choice.disable_parallel_tool_use must be a boolean",
+            param="tool_choice.disable_parallel_tool_use",
+        )
+    return flag
+
+
 def chat_tool_choice(choice: dict[str, Any] | None) -> str | dict[str, Any] | None:
     """Anthropic's tool_choice as chat's: auto and none as they are, any as required, a tool by name."""
     if choice is None:
         return None
-    if choice.get("disable_parallel_tool_use"):
-        raise UnsupportedParameter(
-            "disable_parallel_tool_use cannot be enforced", param="tool_choice.disable_parallel_tool_use"
-        )
+    check_keys(choice, TOOL_CHOICE_KEYS, "tool_choice")
     kind = choice.get("type")
+    if choice.get("disable_parallel_tool_use") and kind not in ("any", "tool"):
+        # Only a forced call has a grammar to stop after the first call; a free turn has none.
+        raise UnsupportedParameter(
+            "disable_parallel_tool_use can be enforced with tool_choice any or tool only",
+            param="tool_choice.disable_parallel_tool_use",
+        )
     if kind in ("auto", "none"):
         return str(kind)
     if kind == "any":

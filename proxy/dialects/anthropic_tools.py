@@ -9,10 +9,28 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.dialects.anthropic_checks import check_keys
 from proxy.errors import InvalidRequest, UnsupportedParameter
 
 # Anthropic's pattern for a tool's name.
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+
+
+# The keys of a custom tool (those that change the prompt are read; the others are recorded).
+_TOOL_KEYS = frozenset(
+    {
+        "type",
+        "name",
+        "description",
+        "input_schema",
+        "cache_control",
+        "defer_loading",
+        "strict",
+        "input_examples",
+        "eager_input_streaming",
+        "allowed_callers",
+    }
+)
 
 
 def _chat_tool(tool: dict[str, Any], param: str) -> dict[str, Any]:
@@ -21,6 +39,7 @@ def _chat_tool(tool: dict[str, Any], param: str) -> dict[str, Any]:
             f"tools of type {tool.get('type')!r} are not supported (custom tools with an input_schema)",
             param=param,
         )
+    check_keys(tool, _TOOL_KEYS, f"{param}.custom")
     name, schema = tool.get("name"), tool.get("input_schema")
     if not isinstance(name, str) or not name:
         raise InvalidRequest("a tool needs a name", param=f"{param}.name")

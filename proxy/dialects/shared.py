@@ -24,10 +24,11 @@ def sampling_constraint(
     tools: list[dict[str, Any]] | None,
     *,
     format_param: str = "text.format",
+    one_call: bool | None = None,
 ) -> Any:
     """The one grammar a request may sample under: a forced tool call or a JSON output format, named
     in errors by the dialect's own parameter (`format_param`)."""
-    forced = tool_choice_constraint(tool_choice, tools, state.turns.parser.name)
+    forced = tool_choice_constraint(tool_choice, tools, state.turns.parser.name, one_call=one_call)
     formatted = response_format_constraint(response_format)
     chosen = [c for c in (forced, formatted) if c is not None]
     if not chosen:
@@ -70,6 +71,7 @@ def turn_request(
     identity: RetryIdentity | None,
     callable_tools: list[dict[str, Any]] | None = None,
     format_param: str = "text.format",
+    one_call: bool | None = None,
 ) -> TurnRequest:
     """The turn core's request; `tools` and `tool_choice` in chat's shape; `messages` with their
     canonical forms and history hash when the dialect has them (proxy/dialects/converted_history.py).
@@ -88,6 +90,7 @@ def turn_request(
             response_format,
             tools if callable_tools is None else callable_tools,
             format_param=format_param,
+            one_call=one_call,
         ),
     )
     canonical: list[bytes] | None = None

@@ -190,7 +190,7 @@ def test_count_tokens_counts_what_messages_renders_with_every_template_field(tmp
         with serve(create_app(settings)) as url:
             for extra in (
                 {},
-                {"output_config": {"effort": "the-highest-effort-there-is"}},
+                {"output_config": {"effort": "max"}},
                 {"tools": TOOLS, "thinking": {"type": "disabled"}, "output_config": {"effort": "low"}},
             ):
                 body = {**base, **extra}

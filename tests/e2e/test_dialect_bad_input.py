@@ -26,6 +26,8 @@ def _turns(*assistant: Any, result: Any = None) -> list[dict[str, Any]]:
 
 
 USE = {"type": "tool_use", "id": "t1", "name": "f", "input": {}}
+RESULT = {"type": "tool_result", "tool_use_id": "t1", "content": "r"}
+THOUGHT = {"type": "thinking", "thinking": "plan", "signature": "sig"}
 
 
 BAD_MESSAGES: list[tuple[str, dict[str, Any]]] = [
@@ -146,6 +148,77 @@ BAD_MESSAGES += [
     ),
     ("a tool description a number", {"tools": [{"name": "f", "description": 5, "input_schema": {}}]}),
     ("tool_choice tool without a name", {"tool_choice": {"type": "tool"}}),
+    # Blocks a chat template cannot render in their place, and pairs Anthropic refuses.
+    (
+        "assistant text after a tool_use",
+        {"messages": _turns(USE, {"type": "text", "text": "more"}, result=[RESULT])},
+    ),
+    (
+        "thinking after a tool_use",
+        {
+            "messages": _turns(
+                THOUGHT, USE, THOUGHT, {**USE, "id": "t2"}, result=[RESULT, {**RESULT, "tool_use_id": "t2"}]
+            )
+        },
+    ),
+    ("a tool_result after text", {"messages": _turns(USE, result=[{"type": "text", "text": "x"}, RESULT])}),
+    ("two tool_uses of one id", {"messages": _turns(USE, USE, result=[RESULT])}),
+    ("two tool_results for one tool_use", {"messages": _turns(USE, result=[RESULT, RESULT])}),
+    # Keys Anthropic's types do not hold, at any depth.
+    ("a message with a name", {"messages": [{"role": "user", "content": "hi", "name": "me"}]}),
+    (
+        "a text block with another key",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "x": 1}]}]},
+    ),
+    ("a tool_use with text", {"messages": _turns({**USE, "text": "hidden"}, result=[RESULT])}),
+    ("a tool_result with another key", {"messages": _turns(USE, result=[{**RESULT, "x": 1}])}),
+    ("a tool with another key", {"tools": [{"name": "f", "input_schema": {}, "frob": 1}]}),
+    ("tool_choice with another key", {"tool_choice": {"type": "auto", "frob": 1}}),
+    ("thinking with another key", {"thinking": {"type": "disabled", "frob": 1}}),
+    ("thinking disabled with a budget", {"thinking": {"type": "disabled", "budget_tokens": 2000}}),
+    # Values outside Anthropic's types.
+    ("output effort unknown", {"output_config": {"effort": "ultra"}}),
+    ("service_tier unknown", {"service_tier": "bogus"}),
+    ("speed unknown", {"speed": "bogus"}),
+    ("inference_geo a number", {"inference_geo": 5}),
+    (
+        "cache_control ttl unknown",
+        {"system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral", "ttl": "2h"}}]},
+    ),
+    (
+        "cache_control type unknown",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "hi", "cache_control": {"type": "bogus"}}],
+                }
+            ]
+        },
+    ),
+    ("user content of whitespace", {"messages": [{"role": "user", "content": "   "}]}),
+    (
+        "a text block of whitespace",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": " \n"}]}]},
+    ),
+    (
+        "an empty assistant turn mid-conversation",
+        {
+            "messages": [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": []},
+                {"role": "user", "content": "b"},
+            ]
+        },
+    ),
+    (
+        "redacted_thinking without data",
+        {"messages": _turns({"type": "redacted_thinking"}, {"type": "text", "text": "x"})},
+    ),
+    (
+        "thinking without a signature",
+        {"messages": _turns({"type": "thinking", "thinking": "t"}, {"type": "text", "text": "x"})},
+    ),
     ("output format without a schema", {"output_config": {"format": {"type": "json_schema"}}}),
 ]
 

@@ -390,3 +390,41 @@ def test_a_seed_outside_int64_is_a_400(proxy_url: str, engine: FakeSGLang, seed:
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "seed"
     assert engine.requests == []
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "one_call"),
+    [
+        ({"type": "tool", "name": "run"}, False),
+        ({"type": "tool", "name": "run", "disable_parallel_tool_use": True}, True),
+        ({"type": "any"}, False),
+        ({"type": "any", "disable_parallel_tool_use": True}, True),
+        ({"type": "auto", "disable_parallel_tool_use": True}, None),
+    ],
+)
+def test_anthropics_forced_tool_use_is_one_call_only_when_parallel_use_is_disabled(
+    proxy_url: str,
+    engine: FakeSGLang,
+    qwen_tokenizer: Tokenizer,
+    tool_choice: dict[str, Any],
+    one_call: bool | None,
+) -> None:
+    """Anthropic: a forced tool use may be several parallel uses unless disable_parallel_tool_use,
+    which the call grammar enforces (it stops after the first call); a free turn has no grammar to
+    enforce it with: a 400."""
+    _script(engine, qwen_tokenizer, CALL)
+    body = {
+        "model": "m",
+        "max_tokens": 64,
+        "messages": USER,
+        "tools": [{"name": "run", "input_schema": RUN_PARAMETERS}],
+        "tool_choice": tool_choice,
+    }
+    answer = httpx.post(f"{proxy_url}/sessions/one/v1/messages", json=body, timeout=30)
+    if one_call is None:
+        assert answer.status_code == 400, answer.text
+        assert engine.requests == []
+        return
+    assert answer.status_code == 200, answer.text
+    tag = json.loads(engine.requests[-1]["sampling_params"]["structural_tag"])
+    assert tag["format"]["stop_after_first"] is one_call
