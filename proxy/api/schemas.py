@@ -18,7 +18,12 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from proxy.chat.messages import HistoryHash, canonical_json
-from proxy.dialects.openai_checks import check_function_fields, check_inert_fields, check_name
+from proxy.dialects.openai_checks import (
+    REASONING_EFFORTS,
+    check_function_fields,
+    check_inert_fields,
+    check_name,
+)
 from proxy.errors import InvalidRequest, UnsupportedParameter
 from proxy.json_limits import MAX_JSON_DEPTH, too_deep
 from proxy.store.prompts import tools_key_of
@@ -252,6 +257,8 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: StrictBool | None = None
     response_format: Annotated[dict[str, Any] | None, Shallow] = None
     chat_template_kwargs: Annotated[dict[str, Any] | None, Shallow] = None
+    # OpenAI's reasoning effort: passed to the template as its `reasoning_effort` (gpt-oss reads it).
+    reasoning_effort: str | None = None
     # What the request derives once, or takes from the session's previous one (_Derived). One
     # private attribute: pydantic sets each one's default on every validation (~1 µs apiece).
     _derived: _Derived | None = PrivateAttr(default=None)
@@ -323,6 +330,10 @@ class ChatCompletionRequest(SamplingRequest):
             spec = response_format.get("json_schema")
             name = spec.get("name") if isinstance(spec, dict) else None
             check_name(name, "response_format.json_schema.name", "a JSON schema")
+        if self.reasoning_effort is not None and self.reasoning_effort not in REASONING_EFFORTS:
+            raise InvalidRequest(
+                f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}", param="reasoning_effort"
+            )
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequest("top_logprobs requires logprobs=true", param="top_logprobs")
         if self.parallel_tool_calls is False:
@@ -339,6 +350,20 @@ class ChatCompletionRequest(SamplingRequest):
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """chat_template_kwargs, with reasoning_effort as the template's own (one given in both
+        must agree: a template renders one effort)."""
+        kwargs = self.chat_template_kwargs
+        if self.reasoning_effort is None:
+            return kwargs or None
+        given = (kwargs or {}).get("reasoning_effort", self.reasoning_effort)
+        if given != self.reasoning_effort:
+            raise InvalidRequest(
+                "reasoning_effort and chat_template_kwargs.reasoning_effort disagree",
+                param="reasoning_effort",
+            )
+        return {**(kwargs or {}), "reasoning_effort": self.reasoning_effort}
 
 
 # OpenAI's default for legacy completions, where max_tokens is optional.

@@ -91,7 +91,7 @@ def _turn_request(
         known_hash=body.history_hash(),
         known_tools_key=body.tools_key(),
         tools=tools,
-        template_kwargs=body.chat_template_kwargs or None,
+        template_kwargs=body.template_kwargs(),
         sampling=params,
         max_tokens_requested=body.requested_max_tokens,
         raw=body.model_dump(exclude={"messages", "tools", "chat_template_kwargs"}, exclude_none=True),

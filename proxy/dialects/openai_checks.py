@@ -14,6 +14,7 @@ METADATA_PAIRS = 16
 METADATA_KEY_CHARS = 64
 METADATA_VALUE_CHARS = 512
 _STRINGS = ("user", "prompt_cache_key", "safety_identifier")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 _CHOICES: dict[str, tuple[str, ...]] = {
     "service_tier": ("auto", "default", "flex", "scale", "priority"),
     "prompt_cache_retention": ("in-memory", "24h"),

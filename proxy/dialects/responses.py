@@ -29,7 +29,7 @@ from proxy.dialects.converted_history import (
     forms_of,
     item_texts,
 )
-from proxy.dialects.openai_checks import check_inert_fields, check_name
+from proxy.dialects.openai_checks import REASONING_EFFORTS, check_inert_fields, check_name
 from proxy.dialects.responses_input import (
     chat_tool_choice,
     chat_tools,
@@ -141,7 +141,6 @@ class ResponsesRequest(BaseModel):
         return {"reasoning_effort": effort} if effort else None
 
 
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 REASONING_SUMMARIES = ("auto", "concise", "detailed")
 
 

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from tokenizers import Tokenizer
 
+from proxy.app import create_app
+from proxy.chat.renderer import Renderer
+from proxy.chat.tokenizer import load_tokenizer_files
+from proxy.config import Settings
 from tests.fakes.sglang import FakeSGLang
-from tests.support import assemble_stream, chat, segments, stream_events, token_id
+from tests.families import FAMILIES, build_tokenizer_dir
+from tests.support import assemble_stream, chat, segments, serve, stream_events, token_id
 
 USER = [{"role": "user", "content": "go"}]
 RUN_PARAMETERS = {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}
@@ -428,3 +434,31 @@ def test_anthropics_forced_tool_use_is_one_call_only_when_parallel_use_is_disabl
     assert answer.status_code == 200, answer.text
     tag = json.loads(engine.requests[-1]["sampling_params"]["structural_tag"])
     assert tag["format"]["stop_after_first"] is one_call
+
+
+def test_reasoning_effort_reaches_the_template_as_its_reasoning_effort(tmp_path: Path) -> None:
+    """OpenAI chat's reasoning_effort is what gpt-oss's template renders as `Reasoning: <effort>`; it
+    is checked against OpenAI's values, and must agree with chat_template_kwargs' own."""
+    directory = build_tokenizer_dir(FAMILIES["gpt_oss"], tmp_path / "gpt-oss")
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    stops = Renderer(load_tokenizer_files(directory)).stop_token_ids
+    engine = FakeSGLang(tokenizer=tokenizer, eos_ids=stops, vocab_size=tokenizer.get_vocab_size())
+    with serve(engine.app()) as engine_url:
+        settings = Settings(engine_url=engine_url, tokenizer=directory, db=f"sqlite:///{tmp_path / 'r.db'}")
+        with serve(create_app(settings)) as url:
+
+            def send(**extra: Any) -> httpx.Response:
+                body = {"model": "m", "messages": USER, "max_tokens": 4, **extra}
+                return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+
+            for effort in ("high", "low"):
+                assert send(reasoning_effort=effort).status_code == 200
+                prompt = tokenizer.decode(engine.requests[-1]["input_ids"], skip_special_tokens=False)
+                assert f"Reasoning: {effort}" in prompt
+            assert send(reasoning_effort="bogus").json()["error"]["param"] == "reasoning_effort"
+            mixed = send(reasoning_effort="high", chat_template_kwargs={"reasoning_effort": "low"})
+            assert mixed.status_code == 400
+            assert (
+                send(reasoning_effort="low", chat_template_kwargs={"reasoning_effort": "low"}).status_code
+                == 200
+            )
