@@ -400,25 +400,21 @@ BAD_CHAT: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "change", "param"), BAD_CHAT, ids=[n for n, _, _ in BAD_CHAT])
-def test_a_malformed_chat_body_is_an_openai_400(
-    proxy_url: str, name: str, change: dict[str, Any], param: str
+BAD_OPENAI = [("chat/completions", CHAT, *case) for case in BAD_CHAT] + [
+    ("responses", RESPONSES, *case) for case in BAD_RESPONSES
+]
+
+
+@pytest.mark.parametrize(
+    ("route", "base", "name", "change", "param"), BAD_OPENAI, ids=[f"{r}:{n}" for r, _, n, _, _ in BAD_OPENAI]
+)
+def test_a_malformed_openai_body_is_an_openai_400_naming_the_field(
+    proxy_url: str, *, route: str, base: dict[str, Any], name: str, change: dict[str, Any], param: str
 ) -> None:
-    answer = httpx.post(f"{proxy_url}/sessions/bad/v1/chat/completions", json={**CHAT, **change}, timeout=30)
+    answer = httpx.post(f"{proxy_url}/sessions/bad/v1/{route}", json={**base, **change}, timeout=30)
     assert answer.status_code == 400, (name, answer.text)
     error = answer.json()["error"]
     assert (error["type"], error["param"]) == ("invalid_request_error", param)
-
-
-@pytest.mark.parametrize(("name", "change", "param"), BAD_RESPONSES, ids=[n for n, _, _ in BAD_RESPONSES])
-def test_a_malformed_responses_body_is_an_openai_400(
-    proxy_url: str, name: str, change: dict[str, Any], param: str
-) -> None:
-    answer = httpx.post(f"{proxy_url}/sessions/bad/v1/responses", json={**RESPONSES, **change}, timeout=30)
-    assert answer.status_code == 400, (name, answer.text)
-    error = answer.json()["error"]
-    assert error["type"] == "invalid_request_error"
-    assert error["param"] == param
 
 
 @pytest.mark.parametrize(
