@@ -189,9 +189,7 @@ def _user(content: Any, tools: AnthropicTools, param: str) -> list[Message]:
         )
     if isinstance(content, str):
         if not content.strip():
-            raise InvalidRequest(
-                "messages: text content blocks must contain non-whitespace text", param=param
-            )
+            raise InvalidRequest(_WHITESPACE_ONLY, param=param)
         return [{"role": "user", "content": content}]
     found: list[Message] = []
     texts: list[str] = []
