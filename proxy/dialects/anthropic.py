@@ -190,8 +190,8 @@ def message_forms(
     very same, at the same place, is not converted again (proxy/dialects/converted_history.py),
     unless it read the tool list (a tool result's tool_reference blocks: they load deferred tools,
     in order, and show the tools' definitions). Tool uses and results are checked to pair up
-    around the messages converted anew before the conversion is kept: a history refused once is
-    never taken again unchecked."""
+    around the messages converted anew, and at the history's end, before the conversion is kept: a
+    history refused once is never taken again unchecked."""
     named = None if session[1] else session[0]  # a new session's id is never sent again
     known = histories.find(named, _CONTEXT)
     texts: list[bytes | None] = (
@@ -210,7 +210,9 @@ def message_forms(
         conversion.add(index, made, reusable=tools.references == read)
         changed.append(index)
         index += 1
-    check_tool_pairs(body.messages, changed)
+    # The last message too: a history cut after it leaves its tool uses without their results, though
+    # it was sent the very same before.
+    check_tool_pairs(body.messages, [*changed, len(body.messages) - 1])
     forms, made_now = conversion.finished(_CONTEXT)
     histories.keep(named, made_now)
     return forms

@@ -143,6 +143,29 @@ def _edited(items: list[Any], edit: tuple[tuple[str, int], int], draw: Any) -> l
     return [*items, *(draw() for _ in range(then))]
 
 
+def test_a_history_cut_after_a_tool_use_is_refused_though_its_items_were_sent_before() -> None:
+    """Every item sent again the very same is taken again, yet the cut leaves the last tool use
+    without its result: the pairs are checked at the end of the history too (hypothesis found it)."""
+    histories = ConvertedHistories()
+    use = {"type": "tool_use", "id": "t1", "name": "read_file", "input": {"path": "a.py"}}
+    turns: list[Any] = [
+        {"role": "user", "content": "Fix the bug."},
+        {"role": "assistant", "content": [use]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x = 1"}]},
+    ]
+
+    def converted(messages: list[Any]) -> tuple[Any, ...]:
+        body = MessagesRequest.model_validate(
+            {"model": "m", "max_tokens": 8, "messages": messages, "tools": _tools("Search files.")}
+        )
+        return _outcome(message_forms, histories, SEALER, SESSION, body, AnthropicTools.of(body.tools))
+
+    assert converted(turns)[0] == "ok"
+    refused = converted(turns[:2])
+    assert refused[0] == "error"
+    assert "t1" in refused[2]
+
+
 @settings(max_examples=150, deadline=None)
 @given(data=st.data(), edits=st.lists(EDITS, min_size=2, max_size=12))
 def test_anthropic_messages_resent_convert_as_a_whole_conversion(data: Any, edits: list[Any]) -> None:
