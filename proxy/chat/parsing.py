@@ -333,6 +333,8 @@ class OutputParser:
             split_reasoning(text, opened=reasoning_open) if self.parse_reasoning else (None, text)
         )
         found = CALL_PARSERS[self.name](rest) if self.tool_calls else (rest, [])
+        if found is not None and not all(_takes_arguments(call) for call in found[1]):
+            found = None  # a call no function could take: the text as the model wrote it
         if found is None:
             return ParsedOutput(
                 content=self.clean(rest), reasoning_content=self.clean(reasoning), tool_calls=[]
@@ -343,6 +345,16 @@ class OutputParser:
             reasoning_content=self.clean(reasoning),
             tool_calls=self._named(calls),
         )
+
+
+def _takes_arguments(call: dict[str, Any]) -> bool:
+    """Whether a parsed call's arguments are a JSON object, the one shape a function (OpenAI's
+    parameters, Anthropic's input) takes; an array or a number is no call (Anthropic's answer could
+    only invent an object around it)."""
+    try:
+        return isinstance(loads_bounded(call["function"]["arguments"]), dict)
+    except ValueError:
+        return False
 
 
 def build_parser(name: str, template: str, special_texts: tuple[str, ...]) -> OutputParser:

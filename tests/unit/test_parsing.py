@@ -35,6 +35,20 @@ def test_malformed_tool_call_is_content() -> None:
         assert parsed.content == text
 
 
+def test_a_call_whose_arguments_are_no_object_is_content() -> None:
+    """No function takes an array or a number (OpenAI's parameters and Anthropic's input are
+    objects): the text stays as sampled, so every dialect answers it alike and its echo continues."""
+    for arguments in ("[1, 2]", "7", '"text"', "null"):
+        text = f'<tool_call>\n{{"name": "f", "arguments": {arguments}}}\n</tool_call>'
+        parsed = parse_output(text, parse_reasoning=True)
+        assert parsed.tool_calls == []
+        assert parsed.content == text
+    # Arguments written as JSON text of an object are an object.
+    quoted = '<tool_call>\n{"name": "f", "arguments": "{\\"a\\": 1}"}\n</tool_call>'
+    [call] = parse_output(quoted, parse_reasoning=True).tool_calls
+    assert json.loads(call["function"]["arguments"]) == {"a": 1}
+
+
 def test_reasoning_opened_by_the_generation_prompt() -> None:
     assert split_reasoning("thinking\n</think>\n\nanswer", opened=True) == ("thinking", "answer")
     assert split_reasoning("thinking\n</think>\n\nanswer") == (None, "thinking\n</think>\n\nanswer")
