@@ -245,6 +245,8 @@ class _Derived:
     # same list.
     plain_tools: list[dict[str, Any]] | None = None
     tools_key: bytes | None = None
+    # The tools passed OpenAI's name and flag rules (carried with a reused list: not checked again).
+    tools_checked: bool = False
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -313,18 +315,27 @@ class ChatCompletionRequest(SamplingRequest):
             cached.tools_key = tools_key_of(self.plain_tools())
         return cached.tools_key
 
+    def _check_tools(self) -> None:
+        """OpenAI's rules for each function's name and strict flag, once per session's tool list."""
+        cached = self._cached()
+        if cached.tools_checked:
+            return
+        for index, tool in enumerate(self.tools or ()):
+            function = tool.function
+            fields = {"name": function.name, "strict": (function.model_extra or {}).get("strict")}
+            check_function_fields(fields, f"tools[{index}].function")
+        cached.tools_checked = True
+
     def reuse_tools(self, earlier: ChatCompletionRequest) -> None:
         """Take the validated tools of `earlier`, which sent the very same tool list."""
         self.tools = earlier.tools
         known, cached = earlier._cached(), self._cached()
         cached.plain_tools, cached.tools_key = known.plain_tools, known.tools_key
+        cached.tools_checked = known.tools_checked
 
     def check_supported(self) -> None:
         super().check_supported()
-        for index, tool in enumerate(self.tools or ()):
-            function = tool.function
-            fields = {"name": function.name, "strict": (function.model_extra or {}).get("strict")}
-            check_function_fields(fields, f"tools[{index}].function")
+        self._check_tools()
         response_format = self.response_format or {}
         if response_format.get("type") == "json_schema":
             spec = response_format.get("json_schema")

@@ -559,3 +559,12 @@ def test_a_history_refused_for_its_tool_pairs_is_refused_again_when_resent_longe
         answer = httpx.post(url, json={**ANTHROPIC, "messages": messages}, timeout=30)
         assert answer.status_code == 400, answer.text
         assert "tool_use ids were found without tool_result" in answer.json()["error"]["message"]
+
+
+def test_a_refused_tool_list_is_refused_again_when_resent(proxy_url: str) -> None:
+    """A session's resent tool list is not checked again once it passed; one that was refused is."""
+    body = {**CHAT, "tools": [{"type": "function", "function": {"name": "bad name!"}}]}
+    for _ in range(2):
+        answer = httpx.post(f"{proxy_url}/sessions/tools-again/v1/chat/completions", json=body, timeout=30)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["param"] == "tools[0].function.name"
