@@ -72,7 +72,11 @@ class LocalEngine:
         self._vocab_size = int(config.vocab_size)
         # Ids the tokenizer knows: a model's embedding rows past them are padding (the demo model's
         # 151,680 against Qwen's 151,669 ids), never sampled, and left out of every logprob.
-        self._output_vocab = min(self._vocab_size, _tokenizer_vocab(model_dir) or self._vocab_size)
+        self._cached_tokenizer = _model_tokenizer(model_dir)  # also decodes for stop strings
+        known = (
+            self._cached_tokenizer.get_vocab_size(with_added_tokens=True) if self._cached_tokenizer else None
+        )
+        self._output_vocab = min(self._vocab_size, known or self._vocab_size)
         self._context_length = int(getattr(config, "max_position_embeddings", 0) or 0) or None
         eos = getattr(self._model.generation_config, "eos_token_id", None)
         self._eos_ids: tuple[int, ...] = (
@@ -257,8 +261,8 @@ class LocalEngine:
         return None
 
     def _tokenizer(self) -> Any:
-        tokenizer = getattr(self, "_cached_tokenizer", None)
-        if tokenizer is None:
+        tokenizer = self._cached_tokenizer
+        if tokenizer is None:  # no tokenizer.json: loading it raises tokenizers' own error
             from tokenizers import Tokenizer
 
             tokenizer = Tokenizer.from_file(str(self._model_dir / "tokenizer.json"))
@@ -352,11 +356,11 @@ def _kv_cache_name(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def _tokenizer_vocab(model_dir: Path) -> int | None:
-    """How many ids the model's tokenizer knows (added tokens included); None without a tokenizer."""
+def _model_tokenizer(model_dir: Path) -> Any:
+    """The model's tokenizer, or None for a model directory without tokenizer.json."""
     path = model_dir / "tokenizer.json"
     if not path.is_file():
         return None
     from tokenizers import Tokenizer
 
-    return int(Tokenizer.from_file(str(path)).get_vocab_size(with_added_tokens=True))
+    return Tokenizer.from_file(str(path))
