@@ -8,6 +8,8 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from proxy.store.packed_json import PackedJSON
+
 
 def _only_set(column: str) -> dict[str, Any]:
     """A partial index's condition, on both databases: the rows whose `column` has a value."""
@@ -128,7 +130,7 @@ class CallRow(Base):
     finish_reason: Mapped[str] = mapped_column(String(16))
     finish_detail: Mapped[dict[str, Any]] = mapped_column(JSON)
     boundary_edits: Mapped[list[Any]] = mapped_column(JSON)
-    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    request: Mapped[dict[str, Any]] = mapped_column(PackedJSON)  # mostly message text: long ones deflated
     response_message: Mapped[dict[str, Any]] = mapped_column(JSON)
     sampling_params: Mapped[dict[str, Any]] = mapped_column(JSON)
     weight_version: Mapped[str | None] = mapped_column(String(128), nullable=True)

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, LargeBinary, String, Table
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.types import TypeDecorator
 
 from proxy.store.database import is_database_failure
 from proxy.store.models import CallRow
@@ -63,6 +64,8 @@ def _cast(column: Any) -> str:
     """The type a parameter is cast to where no target column gives it one (an INSERT ... SELECT).
     Base types only: an explicit cast to VARCHAR(n) would cut a long value instead of refusing it."""
     kind = column.type
+    if isinstance(kind, TypeDecorator):  # PackedJSON: plain JSON on PostgreSQL
+        kind = kind.impl_instance
     if isinstance(kind, DateTime):
         return "timestamptz" if kind.timezone else "timestamp"
     for base, name in ((JSON, "json"), (LargeBinary, "bytea"), (Boolean, "boolean"), (Integer, "bigint")):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import json
 import logging
 import queue
 import sqlite3
@@ -44,6 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from proxy.errors import Conflict, ProxyError, RecordFailed, SessionFinished
 from proxy.store.database import database_error, is_database_failure, sqlite_pragmas
 from proxy.store.models import WEIGHT_VERSION_KEY, CallRow, SegmentRow, SessionRow, SettingRow
+from proxy.store.packed_json import PackedJSON, json_bytes, pack_json
 from proxy.store.repository import utcnow
 from proxy.store.wal_room import WAL_ROOM_BYTES, make_wal_room
 
@@ -449,7 +449,9 @@ class _SqliteWrites:
         self.segments = "INSERT INTO segments (session_id, created_at) VALUES (?, ?)"
         columns = (*NEW_CALL_FIELDS, "created_at")
         self.calls = f"INSERT INTO calls ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
-        self._json = [i for i, name in enumerate(NEW_CALL_FIELDS) if isinstance(_CALLS.c[name].type, JSON)]
+        types = [_CALLS.c[name].type for name in NEW_CALL_FIELDS]
+        self._json = [i for i, kind in enumerate(types) if isinstance(kind, JSON)]
+        self._packed = [i for i, kind in enumerate(types) if isinstance(kind, PackedJSON)]
 
     def write(self, db: sqlite3.Connection, writes: Sequence[TurnWrite]) -> list[list[int]]:
         try:
@@ -490,6 +492,8 @@ class _SqliteWrites:
         row = list(call)
         for index in self._json:
             row[index] = json_text(row[index])
+        for index in self._packed:
+            row[index] = pack_json(row[index])
         if call.segment_id is None:  # each opens a segment of its own
             row[_SEGMENT_INDEX] = db.execute(self.segments, (call.session_id, now)).lastrowid
         row.append(now)
@@ -529,10 +533,7 @@ def _recorded_error(error: BaseException) -> BaseException:
 
 
 def json_text(value: Any) -> str:
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError:  # what orjson refuses (an integer past 64 bits), the standard library writes
-        return json.dumps(value)
+    return json_bytes(value).decode()
 
 
 class SqliteTurnStore(TurnStore):

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from tokenizers import Tokenizer
 
+from proxy.store.packed_json import unpack_json
 from tests import agent_clis
 from tests.conftest import ProxyFactory
 from tests.e2e.test_responses import call_text
@@ -100,7 +101,7 @@ def _task_segment(url: str, session: str, engine: TaskEngine) -> None:
 def _recorded_tool_types(db: Path, dialect: str) -> set[str]:
     """The tool types the CLI sent, from the record; every call carries its dialect."""
     with sqlite3.connect(db) as connection:
-        rows = [json.loads(row[0]) for row in connection.execute("select request from calls")]
+        rows = [unpack_json(row[0]) for row in connection.execute("select request from calls")]
     assert {row["dialect"] for row in rows} == {dialect}
     return {str(tool.get("type")) for row in rows for tool in row["body"].get("tools") or []}
 

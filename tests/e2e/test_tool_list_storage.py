@@ -14,6 +14,7 @@ import httpx
 import orjson
 from transformers import AutoTokenizer
 
+from proxy.store.packed_json import unpack_json
 from tests.conftest import ProxyFactory
 from tests.fakes.sglang import FakeSGLang
 from tests.support import chat, segments
@@ -56,7 +57,7 @@ def _reordered(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _stored_requests(db: Path) -> list[dict[str, Any]]:
     with sqlite3.connect(db) as connection:
         rows = connection.execute("SELECT request FROM calls ORDER BY id").fetchall()
-    return [orjson.loads(request) for (request,) in rows]
+    return [unpack_json(request) for (request,) in rows]
 
 
 def _template_ids(tokenizer_dir: Path, messages: list[dict[str, Any]], tools: list[Any]) -> list[int]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import json
+import base64
 import os
 import sqlite3
 import threading
@@ -18,6 +18,7 @@ from sqlalchemy import Engine, event
 from proxy.errors import Conflict, RecordFailed, SessionFinished
 from proxy.store import turn_store
 from proxy.store.database import create_engine, upgrade_blocking
+from proxy.store.packed_json import unpack_json
 from proxy.store.turn_store import AsyncTurnStore, SqliteTurnStore, TurnStore
 from tests.turn_writes import turn_write
 
@@ -209,7 +210,7 @@ def test_a_group_of_many_choices_and_continuations_gives_each_request_its_own_id
     assert (len(b), len(a), len(c)) == (3, 1, 2)
     with sqlite3.connect(db) as other:
         rows = {
-            call_id: (session, parent, json.loads(request)["messages"][0]["content"])
+            call_id: (session, parent, unpack_json(request)["messages"][0]["content"])
             for call_id, session, parent, request in other.execute(
                 "select id, session_id, parent_id, request from calls"
             )
@@ -304,13 +305,15 @@ def _sizes(db: Path) -> tuple[int, int]:
 
 
 def _write_many(db: Path, turns: int) -> tuple[int, int]:
-    """Back-to-back turns of ~3 KB; returns the WAL's and the database file's sizes before closing."""
+    """Back-to-back turns of ~3 KB of random text (about 2.3 KB once deflated as it is stored);
+    returns the WAL's and the database file's sizes before closing."""
 
     async def scenario() -> tuple[int, int]:
         store = SqliteTurnStore(f"sqlite:///{db}")
         try:
             for i in range(turns):
-                await store.record(turn_write(f"s{i % 20}", content="x" * 3000))
+                text = base64.b64encode(os.urandom(2250)).decode()
+                await store.record(turn_write(f"s{i % 20}", content=text))
             await asyncio.sleep(0.3)  # the checkpointer's last pass
             return await asyncio.to_thread(_sizes, db)
         finally:
@@ -327,7 +330,7 @@ def test_the_wal_is_checkpointed_off_the_writer(db: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(turn_store, "WAL_LIMIT_PAGES", 1_000_000)  # the writer never checkpoints
     before = db.stat().st_size
     _, after = _write_many(db, 40)
-    assert after > before + 40 * 3000
+    assert after > before + 40 * 2000
     with sqlite3.connect(db) as other:
         assert other.execute("select count(*) from calls").fetchone()[0] == 40
 
