@@ -94,13 +94,28 @@ def _drift_type() -> Any:
     )
 
 
+def _token_list(value_type: Any) -> Any:
+    """A token column's type: a list in every row, of values that are never null. Said so in the
+    schema, the writer has fewer levels to encode per value (a tenth of its time on these columns)."""
+    import pyarrow as pa
+
+    return pa.list_(pa.field("element", value_type, nullable=False))
+
+
+def _schema(fields: list[tuple[str, Any]]) -> Any:
+    """The schema of these fields; a token column is never null."""
+    import pyarrow as pa
+
+    return pa.schema([pa.field(name, kind, nullable=name not in TOKEN_COLUMNS) for name, kind in fields])
+
+
 @functools.lru_cache(maxsize=16)
 def _parquet_schema(mode: str, metadata: Any) -> Any:
     """The file's schema, made once per mode and metadata type (each export asks for it)."""
     import pyarrow as pa
 
-    ids = pa.list_(pa.int32())
-    floats = pa.list_(pa.float32())
+    ids = _token_list(pa.int32())
+    floats = _token_list(pa.float32())
     experts = pa.list_(pa.list_(pa.list_(pa.int32())))  # positions x layers x top_k
     common = [
         ("cursor", pa.int64()),
@@ -110,14 +125,14 @@ def _parquet_schema(mode: str, metadata: Any) -> Any:
         ("group_size", pa.int32()),
         ("prompt_ids", ids),
         ("response_ids", ids),
-        ("loss_mask", pa.list_(pa.int8())),
+        ("loss_mask", _token_list(pa.int8())),
         ("rollout_logprobs", floats),
         ("metadata", metadata),
         ("routed_experts", experts),
         ("response_routed_experts", experts),
     ]
     if mode == "stepwise":
-        return pa.schema(
+        return _schema(
             [
                 *common,
                 ("trajectory_id", pa.string()),
@@ -136,7 +151,7 @@ def _parquet_schema(mode: str, metadata: Any) -> Any:
                 ("adapter", pa.string()),
             ]
         )
-    return pa.schema(
+    return _schema(
         [
             *common,
             ("path_index", pa.int32()),
