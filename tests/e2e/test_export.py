@@ -214,6 +214,12 @@ def test_parquet_export_loads_with_pyarrow(
         assert table.num_rows == len(json_rows)
         assert table.column("response_ids").to_pylist() == [r["response_ids"] for r in json_rows]
         assert table.column("loss_mask").to_pylist() == [r["loss_mask"] for r in json_rows]
+        token_columns = ["prompt_ids", "response_ids", "loss_mask", "rollout_logprobs"]
+        if mode == "stepwise":
+            token_columns.append("token_rewards")
+        for name in token_columns:  # never null, nor any item: the schema says so
+            field = table.schema.field(name)
+            assert (field.nullable, field.type.value_field.nullable) == (False, False), name
 
 
 def test_client_batches_are_padded_and_aligned(
