@@ -122,11 +122,19 @@ def _prompt(summary: Summary, position: int, calls: dict[int, TokenCall]) -> Ids
     return Ids(tuple(pieces))
 
 
+def _step_reward(session_reward: float | None, call_reward: float | None, *, ends_path: bool) -> float | None:
+    if not ends_path:
+        return call_reward or 0.0
+    return session_reward if session_reward is not None else call_reward
+
+
 def stepwise_rows_of(
     session: SessionRow, summaries: dict[int, Summary], calls: dict[int, TokenCall], branches: BranchFilter
 ) -> list[dict[str, Any]]:
-    """One row per completed call of the kept branches, in call order; the last one carries the
-    session's reward."""
+    """One row per completed call of the kept branches, in call order. The last step of each path
+    (the final branch's, each sample's: where a merged row ends) carries the session's reward, or
+    its call's where the session has none (null if neither is set); other steps their call reward
+    or 0.0."""
     steps = _steps(summaries)
     done = [c for c in sorted(steps) if kept(steps[c][0]["labels"][steps[c][1]], branches)]
     rows = []
@@ -135,7 +143,8 @@ def stepwise_rows_of(
         call = calls[call_id]
         size = id_count(call.output_ids)
         last = index == len(done) - 1
-        reward = session.reward if last and session.reward is not None else (call.reward or 0.0)
+        ends_path = call_id in summaries  # summaries are keyed by the call each path ends at
+        reward = _step_reward(session.reward, call.reward, ends_path=ends_path)
         prompt = _prompt(summary, position, calls)
         rows.append(
             {
@@ -153,7 +162,7 @@ def stepwise_rows_of(
                 "rollout_logprobs": Logprobs((_logprobs(call),)),
                 "reward": reward,
                 "call_reward": call.reward,
-                "token_rewards": TokenRewards(size, reward),
+                "token_rewards": TokenRewards(size, reward or 0.0),
                 "finish_reason": summary["finish_reasons"][position],
                 "weight_version": summary["weight_versions"][position],
                 "weight_version_spans": summary["spans"][position]

@@ -69,7 +69,8 @@ def _is_stepwise(rows: Sequence[dict[str, Any]]) -> bool:
 
 def generator_output(rows: Sequence[dict[str, Any]], *, order: Sequence[str] | None = None) -> dict[str, Any]:
     """A GeneratorOutput dict. Merged rows: one reward per sequence (the session's, 0.0 if unset).
-    Step-wise rows: token-level rewards (the session's reward on the last step's last token), and
+    Step-wise rows: token-level rewards (the session's reward on the last token of each path's last
+    step), and
     `is_last_step`; rows of one trajectory must be contiguous, as the export delivers them.
     `order`: session ids in the generator input's order (SkyRL wants its outputs in that order)."""
     if order is not None:

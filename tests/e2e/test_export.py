@@ -20,7 +20,7 @@ from proxy.export.samples import merge_steps
 from tests.conftest import ProxyFactory
 from tests.fakes.sglang import FakeSGLang, ScriptedOutput
 from tests.invariants import assert_invariants
-from tests.support import token_id
+from tests.support import chat, token_id
 
 CALL = '<tool_call>\n{"name": "run", "arguments": {"n": %d}}\n</tool_call>'
 TOOLS = [
@@ -393,3 +393,30 @@ def test_a_misspelled_query_parameter_is_refused(proxy_url: str, path: str) -> N
     error = response.json()["error"]
     assert error["code"] == "unsupported_parameter"
     assert error["param"] == path.split("?")[1].split("=", maxsplit=1)[0]
+
+
+def test_stepwise_rewards_sit_where_merged_rows_end(proxy_url: str) -> None:
+    """n=3 at the last turn: the final branch's last step and each sample's carry the session's
+    reward, as each merged row does, so merge_steps gives the merged rows' rewards; a session with
+    no reward has null there, as its merged rows do."""
+    for session, reward in (("rewarded", 2.0), ("unrewarded", None)):
+        first = chat(proxy_url, [{"role": "user", "content": "go"}], session)["choices"][0]["message"]
+        history = [{"role": "user", "content": "go"}, first, {"role": "user", "content": "again"}]
+        chat(proxy_url, history, session, n=3)
+        if reward is not None:
+            httpx.post(f"{proxy_url}/sessions/{session}/reward", json={"reward": reward}).raise_for_status()
+        httpx.post(f"{proxy_url}/sessions/{session}/finish").raise_for_status()
+        merged = _export(proxy_url, mode="merged", session_ids=session)
+        steps = _export(proxy_url, mode="stepwise", session_ids=session)
+        assert sorted(r["branch"] for r in merged) == ["final", "sample", "sample"]
+        assert {r["reward"] for r in merged} == {reward}
+        ends = {r["call_ids"][-1] for r in merged}
+        assert [s["reward"] for s in steps] == [reward if s["call_id"] in ends else 0.0 for s in steps]
+        assert [s["token_rewards"][-1] for s in steps] == [
+            (reward or 0.0) if s["call_id"] in ends else 0.0 for s in steps
+        ]
+        runs = merge_steps(steps)
+        # A sample's run holds its own step (the shared ones are its prompt); it ends where its row does.
+        assert {r["call_ids"][-1]: r["reward"] for r in runs} == {
+            r["call_ids"][-1]: r["reward"] for r in merged
+        }

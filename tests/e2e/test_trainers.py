@@ -197,8 +197,13 @@ def test_skyrl_generator_output_merged_and_stepwise(group: str) -> None:
     stepwise = generator_output(steps)
     _skyrl_validate(stepwise, len(steps))
     assert stepwise["is_last_step"] == [s["is_last_step"] for s in steps]
+    # The session's reward is on each step a merged row ends at (each sample's, the final one's).
+    ends = {row["call_ids"][-1]: row["reward"] for row in merged}
     assert [sum(r) for r in stepwise["rewards"]] == [
-        s["reward"] if s["is_last_step"] else s["call_reward"] or 0.0 for s in steps
+        (ends[s["call_id"]] if ends[s["call_id"]] is not None else s["call_reward"] or 0.0)
+        if s["call_id"] in ends
+        else s["call_reward"] or 0.0
+        for s in steps
     ]
     per_session = {s["session_id"]: t for s, t in zip(steps, stepwise["trajectory_ids"], strict=True)}
     assert {(t.instance_id, t.repetition_id) for t in per_session.values()} == {
