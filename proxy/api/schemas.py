@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -48,6 +50,30 @@ def shallow_json(value: Any) -> Any:
 
 # Free-form JSON is checked where it enters: the typed parts of a body cannot nest.
 Shallow = BeforeValidator(shallow_json)
+
+# What an export row can carry: orjson writes integers of up to 64 bits, and JSON has no infinity.
+_INTEGERS = range(-(2**63), 2**64)
+
+
+def exportable_json(value: Any) -> Any:
+    """Free-form JSON that is exported as it was given (a session's metadata) has only finite numbers
+    and integers of up to 64 bits: the standard library's parser reads `1e400` as infinity (which
+    would be written back as null) and any integer (which no export row could write)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending += item.values()
+        elif isinstance(item, list):
+            pending += item
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise PydanticCustomError("finite_number", "numbers must be finite, not {value}", {"value": item})
+        elif isinstance(item, int) and not isinstance(item, bool) and item not in _INTEGERS:
+            raise PydanticCustomError("integer_too_large", "integers must fit in 64 bits")
+    return value
+
+
+Exportable = AfterValidator(exportable_json)
 
 # Fields that change nothing about the sample: accepted and not acted on.
 _INERT_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})

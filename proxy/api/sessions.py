@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, Strict
 
 from proxy.api.deps import StateDep, check_session_id, known_query, new_session_id
 from proxy.api.groups import group_claim
-from proxy.api.schemas import RowId, Shallow
+from proxy.api.schemas import Exportable, RowId, Shallow
 from proxy.errors import Conflict, InvalidRequest, NotFound
 from proxy.export.branches import BranchFilter
 from proxy.export.rows import group_fields
@@ -31,7 +31,7 @@ Reward = Annotated[FiniteFloat, Strict()]
 class NewSession(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     id: str | None = None
-    metadata: Annotated[dict[str, Any], Shallow] = Field(default_factory=dict)
+    metadata: Annotated[dict[str, Any], Shallow, Exportable] = Field(default_factory=dict)
     # GRPO: the group this session is one sample of (see proxy/api/groups.py).
     group_id: str | None = None
     sample_index: int | None = Field(default=None, ge=0, le=2**31 - 1)

@@ -148,6 +148,19 @@ def test_errors_in_a_union_field_name_the_field(proxy_url: str) -> None:
     assert _error(answer, 400)["param"] == "call_rewards.abc"
 
 
+def test_session_metadata_an_export_could_not_write_back_is_refused(proxy_url: str) -> None:
+    """Python's JSON parser reads 1e400 as infinity and any integer; an export row could hold
+    neither (infinity would come back null, a 65-bit integer broke every export of the session)."""
+    json_body = {"content-type": "application/json"}
+    for bad in ('{"x": 1e400}', '{"x": [1, {"y": -1e999}]}', '{"x": 18446744073709551616}', '{"x": NaN}'):
+        answer = httpx.post(f"{proxy_url}/sessions", content=f'{{"metadata": {bad}}}', headers=json_body)
+        assert _error(answer, 400)["param"] == "metadata", bad
+    fine = {"big": 2**64 - 1, "low": -(2**63), "f": 1.5, "nested": [{"b": True}]}
+    created = httpx.post(f"{proxy_url}/sessions", json={"id": "meta-ok", "metadata": fine})
+    assert created.status_code == 201
+    assert httpx.get(f"{proxy_url}/sessions/meta-ok").json()["metadata"] == fine
+
+
 def test_query_parameter_errors_name_the_parameter(proxy_url: str) -> None:
     """OpenAI's `param` names the parameter, not FastAPI's location of it (`query.mode`)."""
     error = _error(httpx.get(f"{proxy_url}/export", params={"mode": "rows"}), 400)
