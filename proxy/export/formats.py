@@ -37,14 +37,18 @@ def drift_kinds() -> list[str]:
 
 def export_drift(drift: dict[str, Any]) -> dict[str, Any] | None:
     """A segment's drift report as exported: null when there is none (drift disabled), else with a
-    count for every kind (0 when absent), so its structure never depends on the data."""
+    count for every kind (0 when absent), so its structure never depends on the data. A report that
+    was not made (skipped, or the template refused the render: `error`) has a null `unclassified`:
+    nothing was checked, which a trainer filtering on `unclassified == 0` must not take as clean."""
     if not drift:
         return None
     counts = drift.get("counts", {})
+    made = not drift.get("skipped") and not drift.get("error")
     return {
         "differences": [],
-        "unclassified": 0,
+        "unclassified": 0 if made else None,
         "skipped": None,
+        "error": None,
         **drift,
         "counts": {kind: counts.get(kind, 0) for kind in drift_kinds()},
     }
@@ -90,6 +94,7 @@ def _drift_type() -> Any:
             ("counts", counts),
             ("unclassified", pa.int64()),
             ("skipped", pa.string()),  # why no report was made (text completions have no messages)
+            ("error", pa.string()),  # the template refused the fresh render: why
         ]
     )
 

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -16,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.export.columns import Ids, Logprobs, Mask, TokenRewards, as_lists
-from proxy.export.formats import TOKEN_COLUMNS, MetadataType, parquet_stream
+from proxy.export.formats import TOKEN_COLUMNS, MetadataType, export_drift, jsonl, parquet_stream
 
 IDS = st.lists(st.integers(min_value=0, max_value=2**31 - 1), max_size=6)
 LOGPROBS = st.lists(st.floats(min_value=-1e6, max_value=0.0, width=32), max_size=6)
@@ -142,3 +143,23 @@ def test_an_export_given_up_while_a_row_group_is_written_leaves_nothing_running(
             await consumer
 
     asyncio.run(give_up())  # returns once the default executor's threads are done
+
+
+def test_a_drift_report_not_made_says_why_in_both_formats_and_is_not_clean() -> None:
+    """A render the template refused (`error`) or a skipped report: the same fields in JSON lines and
+    Parquet, and `unclassified` null (nothing was checked), where a made report has a count."""
+    reports: list[dict[str, Any]] = [
+        {"mode": "strict", "error": "the chat template refused this conversation: no"},
+        {"mode": "strict", "skipped": "text completions have no messages for a chat-template render"},
+        {"mode": "strict", "differences": [], "counts": {}, "unclassified": 0},
+    ]
+    spec: Spec = ([[1]], [(1, 1)], [[-0.5]], 0.0)
+    rows = [_row(n, "merged", spec) | {"drift": export_drift(report)} for n, report in enumerate(reports)]
+    lines = [orjson.loads(line) for line in jsonl(rows, shared=False).splitlines()]
+    read = pq.read_table(io.BytesIO(_written("merged", rows))).column("drift").to_pylist()
+    assert [line["drift"] for line in lines] == read
+    assert [(d["error"] is not None, d["skipped"] is not None, d["unclassified"]) for d in read] == [
+        (True, False, None),
+        (False, True, None),
+        (False, False, 0),
+    ]
