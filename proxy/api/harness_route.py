@@ -5,20 +5,29 @@ key and the group headers from the router), so /openapi.json documents them and 
 anything unusual. A well-formed JSON body that its model accepts takes a shorter road: the same
 checks, in the order FastAPI's solver makes them, as one plain function reading the request's
 headers (`harness_inputs`), then the endpoint. The generic solver cost more than the checks.
+
+The routes read the session id from the path themselves (the same endpoint serves `/v1/...` and
+`/sessions/{session_id}/v1/...`), so nothing in their signatures declares it: `include_flat` adds a
+dependency declaring each path parameter nothing else declares, or the schema would name a path
+parameter it never defines (an invalid OpenAPI document).
 """
 
 from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Callable, Coroutine
+import uuid
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request, Response, params
+from fastapi import APIRouter, Depends, FastAPI, Request, Response, params
 from fastapi import routing as fastapi_routing
+from fastapi.dependencies.utils import get_dependant, get_flat_params, get_parameterless_sub_dependant
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
+from starlette.convertors import Convertor, FloatConvertor, IntegerConvertor, UUIDConvertor
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.api.auth import check_harness_key, require_harness_key
@@ -107,7 +116,10 @@ def _included(route: APIRoute) -> Any:
 def _plain_call(route: APIRoute) -> _Call | None:
     """The plain call of this route as included (the router's dependencies count), or None where it
     would not do exactly what FastAPI does."""
-    dependencies = tuple(d.dependency for d in _included(route).dependencies)
+    # The path's parameters need no check: the path matched, so each is there, already converted.
+    dependencies = tuple(
+        d.dependency for d in _included(route).dependencies if not isinstance(d.dependency, PathParameters)
+    )
     returns = inspect.signature(route.endpoint, eval_str=True).return_annotation
     roles = _roles(route.endpoint)
     if (
@@ -203,21 +215,66 @@ def _plain_first(plain_handler: Handler, request_class: type[Request], solved_ap
     return app
 
 
+# The type of a path parameter a convertor gives (starlette's str and path convertors give a str).
+_CONVERTED: dict[type[Convertor[Any]], type] = {
+    IntegerConvertor: int,
+    FloatConvertor: float,
+    UUIDConvertor: uuid.UUID,
+}
+
+
+class PathParameters:
+    """A dependency declaring path parameters, so that the schema documents them (`in: path`,
+    required) and FastAPI's solver validates them as the path gave them. It checks nothing else."""
+
+    def __init__(self, convertors: dict[str, Convertor[Any]]) -> None:
+        self.__signature__ = inspect.Signature(
+            [
+                inspect.Parameter(
+                    name,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    annotation=typing.Annotated[_CONVERTED.get(type(convertor), str), params.Path()],
+                )
+                for name, convertor in convertors.items()
+            ]
+        )
+
+    async def __call__(self, **values: Any) -> None:
+        return None
+
+
+def undeclared_path_parameters(
+    path: str, endpoint: Callable[..., Any], dependencies: Sequence[params.Depends]
+) -> list[params.Depends]:
+    """A dependency declaring the parameters of `path` that neither the endpoint nor its dependencies
+    declare (a prefix's `{session_id}` the endpoint reads from `request.path_params`), or none."""
+    dependant = get_dependant(path=path, call=endpoint)
+    dependant.dependencies.extend(get_parameterless_sub_dependant(depends=d, path=path) for d in dependencies)
+    fields = get_flat_params(dependant)
+    declared = {field.alias for field in fields if isinstance(field.field_info, params.Path)}
+    convertors = compile_path(path)[2]
+    missing = {name: convertor for name, convertor in convertors.items() if name not in declared}
+    return [Depends(PathParameters(missing))] if missing else []
+
+
 def include_flat(app: FastAPI, router: APIRouter, *, prefix: str = "", dependencies: list[Any]) -> None:
     """`app.include_router(router, prefix=..., dependencies=...)` as FastAPI did it before 0.16x: the
     router's routes copied into the app's, each matched directly. Since 0.16x an included router
     is its own matching layer, ~5-10 µs a request for each one passed on the way to the route;
-    the harness's routes sit behind ten of them. Same routes, order, names and schema."""
+    the harness's routes sit behind ten of them. Same routes, order, names and schema, except that
+    every parameter of a route's path is declared (see undeclared_path_parameters)."""
     for route in router.routes:
         if not isinstance(route, APIRoute):
             raise TypeError(f"{route!r}: only API routes are included flat")
+        path = prefix + route.path
+        own = [*dependencies, *route.dependencies]
         app.router.add_api_route(
-            prefix + route.path,
+            path,
             route.endpoint,
             response_model=route.response_model,
             status_code=route.status_code,
             tags=route.tags,
-            dependencies=[*dependencies, *route.dependencies],
+            dependencies=[*undeclared_path_parameters(path, route.endpoint, own), *own],
             summary=route.summary,
             description=route.description,
             response_description=route.response_description,

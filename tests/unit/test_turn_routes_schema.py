@@ -31,11 +31,18 @@ def _harness() -> list[Any]:
     return [Depends(require_harness_key), Depends(group_from_headers)]
 
 
+async def _session_in_path(session_id: str) -> None:
+    """What include_router needs to be given to declare the prefix's session id, which the routes
+    read from the path themselves: without it its schema names a path parameter it never defines."""
+
+
 def test_flat_inclusion_documents_what_include_router_documents() -> None:
+    """...given the declaration of the prefix's path parameter, which include_flat adds itself."""
     included, flat = FastAPI(), FastAPI()
     for surface in SURFACES:
         for prefix in ("", PREFIX):
-            included.include_router(surface, prefix=prefix, dependencies=_harness())
+            declared = [Depends(_session_in_path)] if prefix else []
+            included.include_router(surface, prefix=prefix, dependencies=[*declared, *_harness()])
             include_flat(flat, surface, prefix=prefix, dependencies=_harness())
     assert flat.openapi() == included.openapi()
     assert list(flat.openapi()["paths"]) == list(included.openapi()["paths"])  # matched in this order
