@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import math
@@ -27,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from proxy import native_memory
 from proxy.api import admin, engines, export, health, models, sessions, weight_sync
 from proxy.api.auth import require_admin_key, require_harness_key
+from proxy.api.engine_facts import EngineFacts
 from proxy.api.groups import group_from_headers
 from proxy.api.harness_route import include_flat
 from proxy.api.limits import BodyLimit
@@ -42,7 +44,7 @@ from proxy.dialects import anthropic, chat, completions, responses
 from proxy.dialects.anthropic_errors import error_body as anthropic_error_body
 from proxy.dialects.anthropic_errors import is_anthropic_path
 from proxy.dialects.seals import Sealer
-from proxy.engines.base import Engine
+from proxy.engines.base import Engine, EngineInfo
 from proxy.engines.checked import CheckedEngine
 from proxy.engines.resuming import ResumingEngine
 from proxy.engines.setup import open_pool
@@ -101,6 +103,35 @@ def _named_model(reported: str) -> str | None:
     return reported
 
 
+def _apply_engine_info(state: AppState, info: EngineInfo) -> None:
+    """The engine's facts where a configured value does not override them: its model's name, its
+    context length, and its weight version for calls whose answer names none until the trainer
+    sets one."""
+    settings = state.settings
+    state.context_length = settings.context_length or info.context_length
+    state.turns.context_length = state.context_length
+    state.model_name = settings.served_model_name or _named_model(info.model) or state.model_name
+    state.model_names.serve_also(state.model_name)
+    state.turns.trainer_version.fallback = info.weight_version
+
+
+def _log_self_test(state: AppState) -> None:
+    verdict, parser = state.renderer.verdict, state.tool_parser
+    assert parser is not None
+    log.info(
+        "template self-test: closes %s, separator %r, appends %s, dated %s; tool parser %s (%s); "
+        "context %s; engine %s",
+        sorted(verdict.close_tokens),
+        verdict.separator,
+        {kind: v.continues for kind, v in verdict.appends.items()},
+        verdict.date_dependent,
+        parser.name,
+        "set by --tool-parser" if parser.chosen_by == "flag" else "from the chat template",
+        state.context_length,
+        state.engine.name,
+    )
+
+
 def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     """The app for these settings; `engine` replaces the configured one (tests pass fakes here)."""
 
@@ -125,32 +156,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
             PauseGate(settings.pause_mode, settings.pause_max_wait_s, settings.retry_after_s),
             restart_wait_s=settings.engine_restart_wait_s,
         )
-        context_length = settings.context_length
-        engine_version: str | None = None
-        model_name = settings.model_name
-        try:
-            info = await inference.info()
-            engine_version = info.weight_version
-            context_length = context_length or info.context_length
-            model_name = settings.served_model_name or _named_model(info.model) or model_name
-        except ProxyError as exc:
-            log.warning("engine info unavailable at start (%s)", exc.message)
-        verdict = renderer.verdict
         parser, parser_report = choose_parser(renderer, settings.tool_parser)
-        log.info(
-            "template self-test: closes %s, separator %r, appends %s, dated %s; tool parser %s (%s); "
-            "context %s; engine %s",
-            sorted(verdict.close_tokens),
-            verdict.separator,
-            {kind: v.continues for kind, v in verdict.appends.items()},
-            verdict.date_dependent,
-            parser_report.name,
-            "set by --tool-parser" if parser_report.chosen_by == "flag" else "from the chat template",
-            context_length,
-            inference.name,
-        )
-        if parser_report.warning:
-            log.warning("tool calls: %s", parser_report.warning)
         db_sessions = session_factory(db_engine)
         turn_store = open_turn_store(settings.db, db_engine)
         turn_store.on_commit = metrics.committed
@@ -167,23 +173,29 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
                 renderer=renderer,
                 engine=inference,
                 store=turn_store,
-                context_length=context_length,
+                context_length=settings.context_length,
                 parser=parser,
                 history_mode=settings.history_mode,
                 trainer_version=trainer_version,
             ),
-            model_name=model_name,
-            context_length=context_length,
+            # Until the engine says otherwise (below): the configured names and context.
+            model_name=settings.model_name,
+            context_length=settings.context_length,
             tool_parser=parser_report,
             retries=RetryGuard(claims=RetryClaims(db_sessions) if _shared_database(settings) else None),
             pool=pool,
             sealer=Sealer(settings.reasoning_secret or await _stored_secret(db_sessions)),
         )
         app.state.proxy.turns.metrics = metrics
-        # Until the trainer sets one, calls whose answer names no version get the engine's at start.
-        app.state.proxy.turns.trainer_version.fallback = engine_version
+        facts = app.state.proxy.engine_facts = EngineFacts(
+            inference, functools.partial(_apply_engine_info, app.state.proxy)
+        )
+        await facts.learn()
+        _log_self_test(app.state.proxy)
+        if parser_report.warning:
+            log.warning("tool calls: %s", parser_report.warning)
         sweeper = asyncio.create_task(_finish_idle_sessions(app.state.proxy))
-        background = [sweeper]
+        background = [sweeper, asyncio.create_task(facts.follow())]
         if _shared_database(settings):
             shared = app.state.proxy.shared_pause = SharedPause(db_sessions, inference)
             await shared.start()

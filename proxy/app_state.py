@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
 
+from proxy.api.engine_facts import EngineFacts
 from proxy.api.message_prefix import MessagePrefixes
 from proxy.api.model_names import ModelNames
 from proxy.api.retries import RetryGuard
@@ -45,6 +46,8 @@ class AppState:
     message_prefixes: MessagePrefixes = field(default_factory=MessagePrefixes)
     # The same for the Anthropic and Responses dialects: a resent history is not converted again.
     converted_histories: ConvertedHistories = field(default_factory=ConvertedHistories)
+    # The engine's model name, context length and weight version, asked again until it answers.
+    engine_facts: EngineFacts | None = None
     # When this process started serving (Unix seconds, UTC): /v1/models' `created`.
     started_at: int = field(default_factory=lambda: int(time.time()))
 

@@ -78,6 +78,10 @@ class ModelNames:
         self._refresher: asyncio.Task[None] | None = None
         self._other_name_at = 0.0  # time.monotonic() of the last name that is not the base model's
 
+    def serve_also(self, name: str) -> None:
+        """The base model answers to this name too (the engine's, once it could be asked)."""
+        self.base_names = self.base_names | {name}
+
     @functools.cached_property
     def serves_adapters(self) -> bool:
         """Whether the engine lists adapters; asked once (through its wrappers' __getattr__ it cost

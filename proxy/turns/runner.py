@@ -50,7 +50,6 @@ class TurnRunner:
         self.renderer = renderer
         self.engine = engine
         self.store = store
-        self.context_length = context_length
         self.history_mode = history_mode
         # The trainer-set version (POST /admin/weight_version, kept in the database and read with
         # every turn's start), shared with the engine wrapper that dispatches the calls (the app's
@@ -79,6 +78,15 @@ class TurnRunner:
             clock=clock,
             alone=self._alone,
         )
+
+    @property
+    def context_length(self) -> int | None:
+        """The model's context (None: unknown, nothing is bounded by it); the planner's."""
+        return self.planner.context_length
+
+    @context_length.setter
+    def context_length(self, context_length: int | None) -> None:
+        self.planner.context_length = context_length
 
     @property
     def metrics(self) -> Metrics | None:

@@ -19,13 +19,14 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from tokenizers import Tokenizer
 
 from proxy.engines.detect import identify
 from tests.conftest import ProxyFactory
 from tests.e2e.test_vllm import start_error, vllm  # noqa: F401  (the vLLM stand-in fixture)
 from tests.fakes.sglang import FakeSGLang
 from tests.fakes.vllm import FakeVLLM
-from tests.support import free_port, serve
+from tests.support import free_port, serve, token_id
 
 
 def _url(fake: Any) -> str:
@@ -98,6 +99,35 @@ def test_an_engine_that_comes_up_later_is_checked_when_it_answers(
             assert "speaks vllm" in wrong.json()["error"]["message"]
             assert httpx.get(f"{url}/health").status_code == 503
     assert vllm.requests == []
+
+
+def test_an_engine_down_at_start_gives_its_model_and_context_once_it_answers(
+    start_proxy: ProxyFactory, qwen_tokenizer: Tokenizer
+) -> None:
+    """Before, a proxy started ahead of its engine never asked again: it served under the tokenizer's
+    name, refused the engine's own with --strict-model-names, and let a max_tokens past the context
+    be cut short by the engine instead of refused."""
+    late = FakeSGLang(
+        tokenizer=qwen_tokenizer,
+        eos_ids=(token_id(qwen_tokenizer, "<|im_end|>"),),
+        vocab_size=qwen_tokenizer.get_vocab_size(with_added_tokens=True),
+        model_name="late-model",
+        context_length=64,
+    )
+    port = free_port()
+    with start_proxy(engine_url=f"http://127.0.0.1:{port}", strict_model_names=True) as url:
+        assert httpx.get(f"{url}/v1/models").json()["data"][0]["max_model_len"] is None
+        with _serve_on(late.app(), port):
+            # A turn before the background asks: it asks first.
+            body = {"model": "late-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60}
+            refused = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["code"] == "context_length_exceeded"
+            fits = httpx.post(f"{url}/v1/chat/completions", json={**body, "max_tokens": 4}, timeout=30)
+            assert fits.status_code == 200, fits.text
+            [card] = httpx.get(f"{url}/v1/models").json()["data"]
+            assert (card["id"], card["max_model_len"]) == ("late-model", 64)
+    assert len(late.requests) == 1
 
 
 def test_serve_exits_with_the_reason(engine: FakeSGLang, qwen_dir: Path, tmp_path: Path) -> None:
