@@ -11,8 +11,9 @@ import json
 import re
 import secrets
 import string
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal
 
 from proxy.chat.messages import Message
@@ -118,27 +119,68 @@ def hermes_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
     return _around(text, "<tool_call>", "</tool_call>")[0], calls
 
 
+# Per tool name, the arguments its schema types as strings. XML call formats write every value as
+# text; a string argument's is kept as written, as vLLM's glm45 and qwen3_coder parsers keep it
+# ("1.50" stays "1.50", "75001" a string), and any other is read as JSON where it parses.
+TextArguments = Mapping[str, frozenset[str]]
+NO_TEXT_ARGUMENTS: TextArguments = MappingProxyType({})
+
+
+def text_arguments(tools: list[dict[str, Any]] | None) -> TextArguments:
+    """The string-typed arguments of each function among `tools` (chat-template tool dicts)."""
+    found: dict[str, frozenset[str]] = {}
+    for tool in tools or []:
+        function = tool.get("function", tool)
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            continue
+        parameters = function.get("parameters")
+        properties = parameters.get("properties") if isinstance(parameters, dict) else None
+        if isinstance(properties, dict):
+            found[function["name"]] = frozenset(
+                key
+                for key, schema in properties.items()
+                if isinstance(schema, dict) and schema.get("type") == "string"
+            )
+    return MappingProxyType(found)
+
+
+def _is_string(schema: Any) -> bool:
+    return isinstance(schema, dict) and schema.get("type") == "string"
+
+
 def _xml_calls(
-    text: str, call: re.Pattern[str], argument: re.Pattern[str]
+    text: str, call: re.Pattern[str], argument: re.Pattern[str], strings: TextArguments
 ) -> tuple[str, list[dict[str, Any]]] | None:
     """Calls written as XML inside `<tool_call>`: a name, then key/value argument elements."""
     if "<tool_call>" not in text:
         return text, []
     calls = []
     for name, body in call.findall(text):
-        arguments = {key.strip(): _value(value) for key, value in argument.findall(body)}
+        kept = strings.get(name.strip(), frozenset())
+        arguments = {
+            key.strip(): value if key.strip() in kept else _value(value)
+            for key, value in argument.findall(body)
+        }
         calls.append(_call(name.strip(), arguments))
     if not calls or text.count("<tool_call>") != len(calls) or text.count("</tool_call>") != len(calls):
         return None
     return _around(text, "<tool_call>", "</tool_call>")[0], calls
 
 
-def qwen3_coder_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
-    return _xml_calls(text, _CODER_FUNCTION, _CODER_PARAMETER)
+def qwen3_coder_calls(
+    text: str, strings: TextArguments = NO_TEXT_ARGUMENTS
+) -> tuple[str, list[dict[str, Any]]] | None:
+    return _xml_calls(text, _CODER_FUNCTION, _CODER_PARAMETER, strings)
 
 
-def glm45_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
-    return _xml_calls(text, _GLM_CALL, _GLM_ARG)
+def glm45_calls(
+    text: str, strings: TextArguments = NO_TEXT_ARGUMENTS
+) -> tuple[str, list[dict[str, Any]]] | None:
+    return _xml_calls(text, _GLM_CALL, _GLM_ARG, strings)
+
+
+# The formats whose argument values are text, read by the tools' schemas.
+XML_FORMATS = {"qwen3_coder": qwen3_coder_calls, "glm45": glm45_calls}
 
 
 def llama3_json_calls(text: str) -> tuple[str, list[dict[str, Any]]] | None:
@@ -305,6 +347,8 @@ class OutputParser:
     tool_calls: bool = True
     # How ids are made for calls sampled without one.
     call_id_style: CallIdStyle = "openai"
+    # The request's string-typed arguments (text_arguments), for the XML formats.
+    strings: TextArguments = field(default_factory=lambda: NO_TEXT_ARGUMENTS, compare=False)
 
     def _named(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{**call, "id": call["id"] or new_tool_call_id(self.call_id_style)} for call in calls]
@@ -332,7 +376,7 @@ class OutputParser:
         reasoning, rest = (
             split_reasoning(text, opened=reasoning_open) if self.parse_reasoning else (None, text)
         )
-        found = CALL_PARSERS[self.name](rest) if self.tool_calls else (rest, [])
+        found = self._calls(rest) if self.tool_calls else (rest, [])
         if found is not None and not all(_takes_arguments(call) for call in found[1]):
             found = None  # a call no function could take: the text as the model wrote it
         if found is None:
@@ -345,6 +389,10 @@ class OutputParser:
             reasoning_content=self.clean(reasoning),
             tool_calls=self._named(calls),
         )
+
+    def _calls(self, text: str) -> tuple[str, list[dict[str, Any]]] | None:
+        xml = XML_FORMATS.get(self.name)
+        return xml(text, self.strings) if xml is not None else CALL_PARSERS[self.name](text)
 
 
 def _takes_arguments(call: dict[str, Any]) -> bool:

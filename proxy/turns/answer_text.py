@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from proxy.chat.parsing import OutputParser, ParsedOutput
+from proxy.chat.parsing import XML_FORMATS, OutputParser, ParsedOutput, TextArguments, text_arguments
 from proxy.chat.renderer import Renderer
 from proxy.engines.base import FinishReason, Generation
 from proxy.store.codec import IdArray
@@ -13,6 +13,8 @@ from proxy.turns.request import TurnRequest
 
 # Prompt tails whose reasoning_open is remembered (a template has a handful).
 _KNOWN_TAILS = 256
+# Tool lists whose string-typed arguments are remembered (an agent run has a few).
+_KNOWN_TOOL_LISTS = 256
 
 
 class AnswerText:
@@ -24,11 +26,28 @@ class AnswerText:
         # reasoning_open by the prompt's last ids: a template ends every prompt with one of a few
         # generation prompts, and decoding them cost more than the rest of the check.
         self._opens: dict[tuple[int, ...], bool] = {}
+        self._text_arguments: dict[bytes, TextArguments] = {}
 
     def parser_for(self, request: TurnRequest) -> OutputParser:
         if request.is_completion:
             return replace(self.parser, parse_reasoning=False, tool_calls=False)  # raw text
-        return self.parser if request.parse_tools else replace(self.parser, tool_calls=False)
+        if not request.parse_tools:
+            return replace(self.parser, tool_calls=False)
+        if self.parser.name in XML_FORMATS and request.tools:
+            return replace(self.parser, strings=self._strings(request))
+        return self.parser
+
+    def _strings(self, request: TurnRequest) -> TextArguments:
+        """The tools' string-typed arguments, read once per tool list (a session resends its own)."""
+        key = request.tools_key
+        if key is None:  # a list orjson cannot write has no key: read it each time
+            return text_arguments(request.tools)
+        found = self._text_arguments.get(key)
+        if found is None:
+            if len(self._text_arguments) >= _KNOWN_TOOL_LISTS:
+                self._text_arguments.clear()
+            found = self._text_arguments[key] = text_arguments(request.tools)
+        return found
 
     def reasoning_open(self, prompt: IdArray) -> bool:
         """Whether the generation prompt itself opened reasoning (DeepSeek R1's `<think>\\n`)."""

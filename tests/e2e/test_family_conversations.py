@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from tokenizers import Tokenizer
 
@@ -224,6 +225,27 @@ def test_glm_turn_ended_by_another_opener_than_what_follows_splits(
     )
     segments = httpx.get(f"{url}/sessions/glm/trajectory").json()["segments"]
     assert [s["num_calls"] for s in segments] == [2, 1]
+
+
+@pytest.mark.parametrize("family_proxy", ["glm4_moe"], indirect=True)
+def test_glm_string_arguments_are_kept_as_written(family_proxy: tuple[str, FakeSGLang, Renderer]) -> None:
+    """XML call formats write every value as text: an argument the tool's schema types as a string
+    keeps its text (vLLM's glm45 parser does so), others are read as JSON where they parse."""
+    url, engine, renderer = family_proxy
+    properties = {"city": {"type": "string"}, "zip": {"type": "string"}, "days": {"type": "integer"}}
+    tools = [
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"properties": properties}}}
+    ]
+    call = (
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>null</arg_value>\n"
+        "<arg_key>zip</arg_key>\n<arg_value>01.50</arg_value>\n"
+        "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"
+    )
+    engine.push(renderer.encode(f"\n<think></think>\n{call}<|observation|>"))
+    body = {"model": "m", "messages": [{"role": "user", "content": "Weather?"}], "tools": tools}
+    reply = httpx.post(f"{url}/sessions/glm-args/v1/chat/completions", json=body, timeout=30).json()
+    [tool_call] = reply["choices"][0]["message"]["tool_calls"]
+    assert orjson.loads(tool_call["function"]["arguments"]) == {"city": "null", "zip": "01.50", "days": 3}
 
 
 EMPTY_TURNS = [

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 
-from proxy.chat.parsing import OutputParser, detect_parser, parse_output, split_reasoning
+from proxy.chat.parsing import OutputParser, detect_parser, parse_output, split_reasoning, text_arguments
 from proxy.chat.streaming import StreamedMessage
 
 
@@ -129,3 +129,32 @@ def test_llama3_json_calls_one_or_several_separated_by_semicolons() -> None:
         "{" * 5000 + "}" * 5000,
     ):
         assert llama3_json_calls(text) == (text, [])
+
+
+def test_xml_formats_keep_string_typed_arguments_as_written() -> None:
+    """qwen3_coder and glm45 write values as text: the schema's strings stay text, the rest is JSON."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "edit",
+                "parameters": {"properties": {"path": {"type": "string"}, "line": {"type": "integer"}}},
+            },
+        },
+        {"type": "function", "function": {"name": "bare"}},  # no parameters: nothing is a string
+    ]
+    strings = text_arguments(tools)
+    assert dict(strings) == {"edit": frozenset({"path"})}
+    coder = (
+        "<tool_call>\n<function=edit>\n<parameter=path>\n007\n</parameter>\n"
+        "<parameter=line>\n7\n</parameter>\n</function>\n</tool_call>"
+    )
+    glm = (
+        "<tool_call>edit\n<arg_key>path</arg_key>\n<arg_value>[1]</arg_value>\n"
+        "<arg_key>line</arg_key>\n<arg_value>7</arg_value>\n</tool_call>"
+    )
+    for name, text, path, read in (("qwen3_coder", coder, "007", "007"), ("glm45", glm, "[1]", [1])):
+        typed = OutputParser(name, parse_reasoning=False, strings=strings).parse(text)
+        assert json.loads(typed.tool_calls[0]["function"]["arguments"]) == {"path": path, "line": 7}
+        untyped = OutputParser(name, parse_reasoning=False).parse(text)  # no schema: JSON where it parses
+        assert json.loads(untyped.tool_calls[0]["function"]["arguments"])["path"] == read
