@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -132,9 +132,10 @@ class TitoClient:
         whole_groups: bool = False,
         limit: int | None = None,
         min_weight_version: str | None = None,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Generator[dict[str, Any], None, None]:
         """Exported rows as they stream, filtered as GET /export filters them. With ack, each
-        session is acked once all its rows were yielded. `branches="all"` adds abandoned branches
+        session is acked once all its rows were yielded (with whole_groups, a group's sessions
+        together once its last row was). `branches="all"` adds abandoned branches
         (superseded by a retry), flagged in `branch`."""
         query = ExportQuery(
             mode=mode,
@@ -148,15 +149,13 @@ class TitoClient:
             limit=limit,
             min_weight_version=min_weight_version,
         )
-        tracker = protocol.AckTracker(consumer, ack)
+        tracker = protocol.AckTracker(consumer, ack, whole_groups)
         for row in self._stream_export(query):
-            done = tracker.before(row)
-            if done is not None:
-                self.ack(consumer or "", [done])
+            if done := tracker.before(row):
+                self.ack(consumer or "", done)
             yield row
-        done = tracker.at_end()
-        if done is not None:
-            self.ack(consumer or "", [done])
+        if done := tracker.at_end():
+            self.ack(consumer or "", done)
 
     def _stream_export(self, query: ExportQuery) -> Iterator[dict[str, Any]]:
         attempt = 1
@@ -271,7 +270,7 @@ class AsyncTitoClient:
         whole_groups: bool = False,
         limit: int | None = None,
         min_weight_version: str | None = None,
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """TitoClient.iter_samples, as an async iterator."""
         query = ExportQuery(
             mode=mode,
@@ -285,15 +284,13 @@ class AsyncTitoClient:
             limit=limit,
             min_weight_version=min_weight_version,
         )
-        tracker = protocol.AckTracker(consumer, ack)
+        tracker = protocol.AckTracker(consumer, ack, whole_groups)
         async for row in self._stream_export(query):
-            done = tracker.before(row)
-            if done is not None:
-                await self.ack(consumer or "", [done])
+            if done := tracker.before(row):
+                await self.ack(consumer or "", done)
             yield row
-        done = tracker.at_end()
-        if done is not None:
-            await self.ack(consumer or "", [done])
+        if done := tracker.at_end():
+            await self.ack(consumer or "", done)
 
     async def _stream_export(self, query: ExportQuery) -> AsyncIterator[dict[str, Any]]:
         attempt = 1

@@ -191,22 +191,31 @@ class ExportQuery:
 @dataclass
 class AckTracker:
     """Acks each session of a streamed export once all its rows were handed out (rows of one
-    session are contiguous)."""
+    session are contiguous); with `whole_groups`, each group's sessions together, once the group's
+    last row was (a consumer that stops in the middle of a group has acked none of it, and gets it
+    whole again)."""
 
     consumer: str | None
     enabled: bool
-    pending: str | None = None
-    acked: list[str] = field(default_factory=list)
+    whole_groups: bool = False
+    pending: list[str] = field(default_factory=list)
+    unit: str | None = None
 
     def __post_init__(self) -> None:
         if self.enabled and self.consumer is None:
             raise ValueError("ack needs a consumer name")
 
-    def before(self, row: dict[str, Any]) -> str | None:
-        """The session to ack before handing out `row`, if the previous one is complete."""
-        done = self.pending if self.enabled and self.pending not in (None, row["session_id"]) else None
-        self.pending = row["session_id"]
+    def before(self, row: dict[str, Any]) -> list[str]:
+        """The sessions to ack before handing out `row`: the previous unit's, if `row` starts another."""
+        if not self.enabled:
+            return []
+        unit = row["group_id"] if self.whole_groups else row["session_id"]
+        done = self.pending if unit != self.unit else []
+        if unit != self.unit:
+            self.unit, self.pending = unit, []
+        if row["session_id"] not in self.pending:
+            self.pending.append(row["session_id"])
         return done
 
-    def at_end(self) -> str | None:
-        return self.pending if self.enabled else None
+    def at_end(self) -> list[str]:
+        return self.pending if self.enabled else []

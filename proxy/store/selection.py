@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -135,16 +135,35 @@ async def _whole_groups(
 ) -> tuple[Page, int | None]:
     """Sessions of whole groups, group after group; each row's cursor is the group's (when it became
     whole), so `after` resumes after the last group delivered. The page may be empty while the
-    cursor moves on (every member of its groups acked or filtered out)."""
+    cursor moves on (every member of its groups acked or filtered out). For a consumer a group is
+    the unit: one it has acked whole is left out, any other is delivered whole, its sessions acked
+    before included (a consumer that stopped in the middle of a group, or acked part of it, would
+    otherwise get the rest of it as if it were the group)."""
     groups = await whole_groups_page(db, after=after, group_ids=selection.group_ids, limit=size)
     groups = [(group, seq) for group, seq in groups if seq <= snapshot.last_seq]
     if not groups:
         return [], None
     done_at = dict(groups)
     query = select(SessionRow).where(SessionRow.group_id.in_(list(done_at)))
-    members = (await db.scalars(_filtered(query, selection))).all()
+    members = list((await db.scalars(_filtered(query, replace(selection, consumer=None)))).all())
+    if selection.consumer is not None:
+        members = await _without_groups_acked_whole(db, selection.consumer, members)
     members = sorted(members, key=lambda s: (done_at[s.group_id or ""], s.sample_index or 0, s.id))
     return [(done_at[s.group_id or ""], s) for s in members], groups[-1][1]
+
+
+async def _without_groups_acked_whole(
+    db: DbSession, consumer: str, members: list[SessionRow]
+) -> list[SessionRow]:
+    acked = set(
+        await db.scalars(
+            select(ExportAckRow.session_id).where(
+                ExportAckRow.consumer == consumer, ExportAckRow.session_id.in_([s.id for s in members])
+            )
+        )
+    )
+    open_groups = {s.group_id for s in members if s.id not in acked}
+    return [s for s in members if s.group_id in open_groups]
 
 
 async def selected_pages(

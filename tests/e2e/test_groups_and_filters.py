@@ -123,6 +123,32 @@ def test_whole_groups_are_delivered_once_all_their_sessions_finished(
     assert refused.status_code == 400
 
 
+def test_a_consumer_gets_a_group_whole_until_it_has_acked_all_of_it(
+    proxy_url: str, engine: FakeSGLang
+) -> None:
+    """A consumer that stopped in the middle of a group, or acked part of it by session ids, gets
+    the group whole again (GRPO normalizes over the group: its rest alone would pass for it); a
+    group acked whole is not delivered again."""
+    with TitoClient(proxy_url) as client:
+        for group in ("G", "H"):
+            for index in range(3):
+                client.create_session(f"{group}{index}", group_id=group, sample_index=index, group_size=3)
+                _chat(proxy_url, f"{group}{index}")
+                client.finish(f"{group}{index}")
+        reading = client.iter_samples(whole_groups=True, consumer="c", ack=True)
+        first = [next(reading)["session_id"] for _ in range(2)]
+        reading.close()  # the consumer stops (crashes) with G half read: nothing of G is acked
+        assert first == ["G0", "G1"]
+        client.ack("c", ["H1"])  # part of a group acked by hand
+        rows = [
+            (r["group_id"], r["session_id"]) for r in client.iter_samples(whole_groups=True, consumer="c")
+        ]
+        assert rows == [("G", "G0"), ("G", "G1"), ("G", "G2"), ("H", "H0"), ("H", "H1"), ("H", "H2")]
+        delivered = [r["session_id"] for r in client.iter_samples(whole_groups=True, consumer="c", ack=True)]
+        assert delivered == ["G0", "G1", "G2", "H0", "H1", "H2"]
+        assert list(client.iter_samples(whole_groups=True, consumer="c")) == []
+
+
 def test_export_filters(proxy_url: str, engine: FakeSGLang, tmp_path: Path) -> None:
     with TitoClient(proxy_url) as client:
         for sid, version in (("v9", "9"), ("v10", "10"), ("v2", "2"), ("open", "10")):
