@@ -49,6 +49,7 @@ from proxy.engines.checked import CheckedEngine
 from proxy.engines.resuming import ResumingEngine
 from proxy.engines.setup import open_pool
 from proxy.errors import (
+    ClientClosedRequest,
     EngineError,
     InvalidRequest,
     ProxyError,
@@ -225,7 +226,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
     )
     metrics = app.state.metrics = Metrics()
     # Outside every route, so a new surface cannot forget it.
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, metrics=metrics)
     harness = [Depends(require_harness_key), Depends(group_from_headers)]
     for surface in (models.router, chat.router, completions.router, responses.router, anthropic.router):
         include_flat(app, surface, dependencies=harness)
@@ -407,8 +408,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
-        metrics.failed(exc.status_code, exc.code, isinstance(exc, EngineError))
-        metrics.turn_refused(request.url.path)
+        if not isinstance(exc, ClientClosedRequest):
+            # A client that hung up is counted as its aborted calls only, as a stream's is: nobody
+            # reads this answer.
+            metrics.refused(request.url.path, exc.status_code, exc.code, engine=isinstance(exc, EngineError))
         retry = exc.retry_after_s
         if retry is None and exc.status_code == 503:
             retry = app.state.proxy.settings.retry_after_s if hasattr(app.state, "proxy") else 5.0
@@ -421,8 +424,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         param = _param_of(first)
         message = f"{first.get('msg', 'invalid request')}" + (f" (at {param})" if param else "")
         error = InvalidRequest(message, param=param, code=_validation_code(first))
-        metrics.failed(400, error.code, False)
-        metrics.turn_refused(request.url.path)
+        metrics.refused(request.url.path, 400, error.code)
         return JSONResponse(error.envelope(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
@@ -441,11 +443,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         if is_database_failure(exc):  # raised outside a guarded session (GuardedSession maps those)
             mapped = database_error(exc)
             log.warning("database failure: %s", mapped.message)
-            metrics.failed(mapped.status_code, mapped.code, False)
+            metrics.refused(request.url.path, mapped.status_code, mapped.code)
             retry = app.state.proxy.settings.retry_after_s if hasattr(app.state, "proxy") else 5.0
             return JSONResponse(
                 mapped.envelope(),
@@ -453,6 +455,6 @@ def _install_error_handlers(app: FastAPI) -> None:
                 headers={"Retry-After": str(max(1, math.ceil(retry)))},
             )
         log.exception("unexpected error", exc_info=exc)
-        metrics.failed(500, "internal_error", False)
+        metrics.refused(request.url.path, 500, "internal_error")
         error = ProxyError("internal error in tito-proxy; see its log")
         return JSONResponse(error.envelope(), status_code=500)

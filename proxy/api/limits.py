@@ -13,6 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from proxy import native_memory
 from proxy.dialects.anthropic_errors import error_body, is_anthropic_path
 from proxy.errors import PayloadTooLarge
+from proxy.observe.metrics import Metrics
 
 _LARGE_BODY = 256 * 1024
 
@@ -20,9 +21,10 @@ _LARGE_BODY = 256 * 1024
 class BodyLimit:
     """Reads the body before the app does and replays it in one piece (Starlette joins it anyway)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, metrics: Metrics | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -58,8 +60,11 @@ class BodyLimit:
         error = PayloadTooLarge(
             f"the request body is larger than {self.max_bytes} bytes (--max-body-bytes)", param=None
         )
+        path = str(scope.get("path", ""))
+        if self.metrics is not None:  # answered here, before any route: counted as the handlers count
+            self.metrics.refused(path, error.status_code, error.code)
         envelope = error.envelope()
-        if is_anthropic_path(str(scope.get("path", ""))):
+        if is_anthropic_path(path):
             envelope = error_body(error.status_code, error.message, envelope["error"].get("request_id"))
         body = orjson.dumps(envelope)
         await send(

@@ -229,6 +229,8 @@ async def _choice_events(
             result = await turns.record(turn, generation, choice_index=index)  # committed first
             finished = True
             if piece.finish.kind == "abort":
+                if turns.metrics is not None:  # as the plain path's EngineError is counted
+                    turns.metrics.failed(502, "engine_aborted", True)
                 error = {
                     "message": f"the engine aborted the request: {piece.finish.message}",
                     "type": "engine_error",

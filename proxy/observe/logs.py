@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -11,7 +12,11 @@ import orjson
 from proxy.observe import context
 
 LogFormat = Literal["text", "json"]
-TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
+# `ids`: the request id, then `session=ID` when the request names a session (TextFormatter).
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(ids)s]: %(message)s"
+# A session id from a path may be any text: one that is not printable ASCII without spaces, `"` and
+# `]` is written quoted and escaped, so that it cannot end the bracket or the line.
+_PLAIN = re.compile(r"^[\x21\x23-\x5c\x5e-\x7e]+$")
 _base_factory = logging.getLogRecordFactory()
 
 
@@ -27,6 +32,22 @@ def install_record_ids() -> None:
     a handler filter, so that records reach every handler, pytest's too, with the ids)."""
     if logging.getLogRecordFactory() is not _record_with_ids:
         logging.setLogRecordFactory(_record_with_ids)
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT: `[REQUEST_ID session=SESSION_ID]` (`[-]` outside a request)."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        ids = getattr(record, "request_id", "-")
+        session_id = getattr(record, "session_id", None)
+        if session_id:
+            shown = session_id if _PLAIN.match(session_id) else orjson.dumps(session_id).decode()
+            ids = f"{ids} session={shown}"
+        record.ids = ids
+        return super().format(record)
 
 
 class JsonFormatter(logging.Formatter):
@@ -54,7 +75,7 @@ def configure(level: str, log_format: LogFormat) -> None:
     """The root handler for `tito-proxy serve`; uvicorn's loggers propagate to it."""
     install_record_ids()
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -12,6 +12,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from proxy.observe import context
 from proxy.observe.plain_metrics import PlainCounter, PlainHistogram
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -77,6 +78,7 @@ class Metrics:
         self, dialect: str, statuses: Iterable[str], timings: Mapping[str, float], tokens: tuple[int, int]
     ) -> None:
         """One request's calls committed: `timings` in seconds per phase, `tokens` (in, out)."""
+        context.calls_recorded.set(True)
         turns = self.turns.values
         for status in statuses:
             turns[dialect, status] += 1
@@ -85,9 +87,12 @@ class Metrics:
         self.tokens_in.values[()] += tokens[0]
         self.tokens_out.values[()] += tokens[1]
 
-    def turn_refused(self, path: str) -> None:
+    def refused(self, path: str, status: int, code: str | None, *, engine: bool = False) -> None:
+        """A request answered with an error envelope: counted by status and code and, on a turn route,
+        as a refused turn, unless its calls were recorded (they count as ok/aborted turns, once)."""
+        self.failed(status, code, engine)
         dialect = _dialect(path)
-        if dialect is not None:
+        if dialect is not None and not context.calls_recorded.get():
             self.turns.values[dialect, "error"] += 1
 
     def failed(self, status: int, code: str | None, engine: bool) -> None:

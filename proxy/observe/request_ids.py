@@ -53,6 +53,7 @@ class RequestIdMiddleware:
         rid = accepted_id(headers.get(HEADER))
         context.request_id.set(rid)
         context.session_id.set(session_of(scope["path"], headers))
+        context.calls_recorded.set(False)
         raw = rid.encode()
         names = (HEADER,) if (other := self.also_named(scope["path"])) is None else (HEADER, other)
 

@@ -127,8 +127,8 @@ class TurnRecorder:
             },
             (len(turn.plan.prompt) * len(statuses), sampled),
         )
-        if turn.plan.parent is None:
-            metrics.segments.labels(turn.plan.new_segment_reason).inc()
+        if turn.plan.parent is None:  # each call opens its own segment (n > 1: one per choice)
+            metrics.segments.labels(turn.plan.new_segment_reason).inc(len(statuses))
 
     async def abandon(
         self, turn: PreparedTurn, sampling: asyncio.Future[list[Generation]], request_ids: list[str]

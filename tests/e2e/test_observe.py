@@ -98,6 +98,32 @@ def test_serve_with_json_logs_writes_one_object_per_line(
     assert [e["logger"] for e in entries if e.get("request_id") == "json-2"].count("tito_proxy.export") == 1
 
 
+def test_serve_with_text_logs_names_the_request_and_its_session(
+    engine: FakeSGLang, qwen_dir: Path, tmp_path: Path
+) -> None:
+    """The default format: `[REQUEST_ID session=SESSION_ID]`, the session named by the path or
+    X-Session-Id; one that could end the bracket or the line is quoted and escaped."""
+    env = {"TITO_DB": f"sqlite:///{tmp_path / 't.db'}", "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
+    log = tmp_path / "serve.log"
+    with spawn_proxy(["--tokenizer", str(qwen_dir), "--access-log"], env, log) as (_, url):
+        body = {"model": "m", "messages": USER, "max_tokens": 4}
+        named = {"x-request-id": "text-1", "x-session-id": "by-header"}
+        assert httpx.post(f"{url}/v1/chat/completions", json=body, headers=named).status_code == 200
+        httpx.get(f"{url}/sessions/by-header/samples", headers={"x-request-id": "text-2"}).raise_for_status()
+        httpx.get(f"{url}/sessions/a%20b%5D%0Ac", headers={"x-request-id": "text-3"})
+        httpx.get(f"{url}/health", headers={"x-request-id": "text-4"})
+    lines = log.read_text().splitlines()
+
+    def access(request_id: str) -> str:
+        [line] = [line for line in lines if " uvicorn.access [" + request_id in line]
+        return line
+
+    assert " uvicorn.access [text-1 session=by-header]: " in access("text-1")
+    assert " uvicorn.access [text-2 session=by-header]: " in access("text-2")
+    assert ' uvicorn.access [text-3 session="a b]\\nc"]: ' in access("text-3")
+    assert " uvicorn.access [text-4]: " in access("text-4")
+
+
 def test_serve_writes_no_access_lines_unless_asked(
     engine: FakeSGLang, qwen_dir: Path, tmp_path: Path
 ) -> None:
