@@ -21,6 +21,7 @@ from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import Shallow, refuse_unsupported
 from proxy.app_state import AppState
 from proxy.chat.messages import Message
+from proxy.chat.reasoning_tokens import ReasoningTokens
 from proxy.dialects.converted_history import (
     Converted,
     ConvertedHistories,
@@ -292,6 +293,7 @@ async def create_response(
     request = await for_model(state, request, body.model)
     echoed = body.model_dump(exclude={"input"}, exclude_none=True)
     created_at = int(time.time())
+    reasoning_tokens = ReasoningTokens.of(state.renderer, state.turns.parser.name)
 
     def shape(request_id: str) -> ResponseShape:
         return ResponseShape(
@@ -300,7 +302,8 @@ async def create_response(
             model=body.model,
             created_at=created_at,
             sealer=sealer if "reasoning.encrypted_content" in (body.include or []) else None,
-            think_close=state.renderer.token_id("</think>"),
+            reasoning_tokens=reasoning_tokens,
+            renderer=state.renderer,
         )
 
     return await answer_turn(

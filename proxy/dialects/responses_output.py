@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.chat.reasoning_tokens import ReasoningTokens
+from proxy.chat.renderer import Renderer
 from proxy.dialects.seals import Sealer
 from proxy.turns import TurnResult
 
@@ -35,7 +37,8 @@ class ResponseShape:
     model: str
     created_at: int
     sealer: Sealer | None  # set when the client included reasoning.encrypted_content
-    think_close: int | None = None  # the id of `</think>`, to count reasoning tokens
+    reasoning_tokens: ReasoningTokens | None = None  # how many sampled tokens are reasoning
+    renderer: Renderer | None = None
 
     @property
     def _suffix(self) -> str:
@@ -149,13 +152,9 @@ class ResponseShape:
         return usage_of(result, self._reasoning_tokens(result))
 
     def _reasoning_tokens(self, result: TurnResult) -> int:
-        """Sampled tokens up to and including the reasoning's close; all of them if it never closed."""
-        if not result.output.reasoning_content:
+        if self.reasoning_tokens is None or self.renderer is None:
             return 0
-        ids = result.generation.output_ids
-        if self.think_close is not None and self.think_close in ids:
-            return ids.index(self.think_close) + 1
-        return len(ids) if not (result.output.content or result.output.tool_calls) else 0
+        return self.reasoning_tokens.count(result.generation.output_ids, result.output, self.renderer)
 
     def completed(self, result: TurnResult) -> dict[str, Any]:
         return self.response(status_of(result), self.output(result), self.usage(result))

@@ -297,3 +297,24 @@ def test_an_empty_turn_continued_is_what_a_render_of_an_empty_reply_gives(
     # The segment the second turn belongs to explains every difference from a render.
     last = httpx.get(f"{url}/sessions/empty/trajectory").json()["segments"][-1]
     assert last["drift"]["unclassified"] == 0, last["drift"]
+
+
+@pytest.mark.parametrize("family_proxy", ["gpt_oss"], indirect=True)
+def test_gpt_oss_reasoning_tokens_are_its_analysis_messages(
+    family_proxy: tuple[str, FakeSGLang, Renderer],
+) -> None:
+    """gpt-oss closes no `</think>`: its reasoning is the analysis channel, counted whole (header and
+    end included) in a Responses usage, whether the turn ends normally or is cut in its analysis."""
+    url, engine, renderer = family_proxy
+    analysis = "<|channel|>analysis<|message|>The user greets; answer briefly.<|end|>"
+    final = "<|start|>assistant<|channel|>final<|message|>Hello!<|return|>"
+    engine.push(renderer.encode(analysis + final))
+    body = {"model": "m", "input": "Hi"}
+    usage = httpx.post(f"{url}/sessions/oss/v1/responses", json=body, timeout=30).json()["usage"]
+    assert usage["output_tokens_details"]["reasoning_tokens"] == len(renderer.encode(analysis))
+    assert usage["output_tokens"] == len(renderer.encode(analysis + final))
+    engine.push(renderer.encode(analysis + final))
+    cut = httpx.post(
+        f"{url}/sessions/oss-cut/v1/responses", json={**body, "max_output_tokens": 6}, timeout=30
+    )
+    assert cut.json()["usage"]["output_tokens_details"]["reasoning_tokens"] == 6
