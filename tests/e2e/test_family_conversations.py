@@ -318,3 +318,62 @@ def test_gpt_oss_reasoning_tokens_are_its_analysis_messages(
         f"{url}/sessions/oss-cut/v1/responses", json={**body, "max_output_tokens": 6}, timeout=30
     )
     assert cut.json()["usage"]["output_tokens_details"]["reasoning_tokens"] == 6
+
+
+@pytest.mark.parametrize("family_proxy", ["deepseek_v3"], indirect=True)
+def test_deepseek_v3_tool_calls_in_a_row_have_no_unclassified_drift(
+    family_proxy: tuple[str, FakeSGLang, Renderer],
+) -> None:
+    """After a tool result the generation prompt closes the outputs block and the model opens its
+    calls; a fresh render of that turn writes neither (DeepSeek V3's template opens calls once, and
+    leaves the outputs block open): repeated_opener_dropped, not unclassified."""
+    url, engine, renderer = family_proxy
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    call = (
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"  # noqa: RUF001
+        '{"city": "%s"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>'  # noqa: RUF001
+    )
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in two cities?"}]
+    # The first generation prompt opens reasoning (closed at once); one after a tool result does not.
+    for opened, city in (("\n</think>\n\n", "Paris"), ("", "London")):
+        engine.push(renderer.encode(opened + call % city))
+        body = {"model": "m", "messages": messages, "tools": tools}
+        reply = httpx.post(f"{url}/sessions/ds/v1/chat/completions", json=body, timeout=30).json()
+        message = reply["choices"][0]["message"]
+        assert message.get("tool_calls"), reply
+        messages += [
+            message,
+            {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "Sunny"},
+        ]
+    httpx.post(f"{url}/sessions/ds/finish").raise_for_status()
+    rows = httpx.get(f"{url}/export", params={"session_ids": "ds"}).text.splitlines()
+    kinds = [d["kind"] for row in rows for d in orjson.loads(row)["drift"]["differences"]]
+    assert "unclassified" not in kinds, kinds
+    assert "repeated_opener_dropped" in kinds, kinds
+
+
+@pytest.mark.parametrize("family_proxy", ["llama3_1"], indirect=True)
+def test_a_llama_call_sampled_after_python_tag_is_canonicalization(
+    family_proxy: tuple[str, FakeSGLang, Renderer],
+) -> None:
+    """Llama 3.1 may open a JSON call with `<|python_tag|>` (vLLM's llama3_json reads it), which the
+    template does not write back for such a call: the assistant's own sampled token, not structure."""
+    url, engine, renderer = family_proxy
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Paris?"}]
+    call = '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>'
+    for sampled in (call, "Sunny in Paris.<|eot_id|>"):
+        engine.push(renderer.encode(sampled))
+        body = {"model": "m", "messages": messages, "tools": tools}
+        message = httpx.post(f"{url}/sessions/py/v1/chat/completions", json=body, timeout=30).json()
+        messages.append(message["choices"][0]["message"])
+        if messages[-1].get("tool_calls"):
+            messages.append(
+                {"role": "tool", "tool_call_id": messages[-1]["tool_calls"][0]["id"], "content": "Sunny"}
+            )
+    assert messages[1]["tool_calls"][0]["function"]["name"] == "get_weather"
+    httpx.post(f"{url}/sessions/py/finish").raise_for_status()
+    rows = httpx.get(f"{url}/export", params={"session_ids": "py"}).text.splitlines()
+    kinds = [d["kind"] for row in rows for d in orjson.loads(row)["drift"]["differences"]]
+    assert "unclassified" not in kinds, kinds
+    assert "assistant_canonicalization" in kinds, kinds
