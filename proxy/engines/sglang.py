@@ -144,6 +144,20 @@ def _routed_experts(meta: dict[str, Any], ask: ExpertsAsk | None, end: int) -> R
     return from_sglang(meta["routed_experts"], ask, end)
 
 
+def _check_whole(output_ids: list[Any], meta: dict[str, Any]) -> None:
+    """Ids missing from an answer would leave a turn recorded as ended where the model did not end
+    it: `completion_tokens` counts them all, and a stop on a token holds that token last."""
+    total = meta.get("completion_tokens")
+    if total is not None and total != len(output_ids):
+        raise InvalidEngineAnswer(
+            f"SGLang returned {len(output_ids)} output ids with completion_tokens {total}"
+        )
+    finish = meta.get("finish_reason")
+    matched = finish.get("matched") if isinstance(finish, dict) and finish.get("type") == "stop" else None
+    if isinstance(matched, int) and not isinstance(matched, bool) and output_ids[-1:] != [matched]:
+        raise InvalidEngineAnswer(f"SGLang stopped on token {matched} but its output does not end with it")
+
+
 def parse_generation(
     body: Any, *, top_logprobs: bool = False, experts: ExpertsAsk | None = None, prompt_len: int = 0
 ) -> Generation:
@@ -155,6 +169,7 @@ def parse_generation(
     if not isinstance(meta, dict) or not isinstance(output_ids, list):
         raise InvalidEngineAnswer("SGLang response lacks output_ids or meta_info")
     _raise_if_refused(meta.get("finish_reason"))
+    _check_whole(output_ids, meta)
     logprobs = _aligned_logprobs(output_ids, meta.get("output_token_logprobs"))
     version = meta.get("weight_version")
     cached = meta.get("cached_tokens")
@@ -441,6 +456,23 @@ async def lines_of(blocks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield bytes(partial)
 
 
+def _cumulative(total: Any, held: int, size: int) -> bool:
+    """Whether a chunk of `size` ids is the whole output so far (SGLang's default) rather than its
+    next part (--incremental-streaming-output), told by `completion_tokens`, the output's length so
+    far in both. A chunk that is neither (no count, a shrinking output, ids missing) would put tokens
+    the engine never sampled into the record: refused."""
+    if not isinstance(total, int) or isinstance(total, bool):
+        raise InvalidEngineAnswer("the engine streamed a chunk without completion_tokens")
+    if total == size and size >= held:
+        return True
+    if total == held + size:
+        return False
+    raise InvalidEngineAnswer(
+        f"the engine streamed {size} output ids with completion_tokens {total} after {held}: "
+        "neither the whole output so far nor its next part"
+    )
+
+
 def _stream_chunk(
     body: Any, held: int, *, top_logprobs: bool, experts: tuple[SamplingParams, int] | None = None
 ) -> tuple[StreamChunk, int]:
@@ -455,8 +487,7 @@ def _stream_chunk(
     entries = meta.get("output_token_logprobs") or []
     if not isinstance(ids, list) or not isinstance(entries, list):
         raise InvalidEngineAnswer("the engine streamed output_ids or logprobs that are not lists")
-    total = meta.get("completion_tokens")
-    cumulative = isinstance(total, int) and total == len(ids) and len(ids) >= held
+    cumulative = _cumulative(meta.get("completion_tokens"), held, len(ids))
     new_ids, new_entries = (ids[held:], entries[held:]) if cumulative else (ids, entries)
     top: list[TopLogprobs] | None = None
     if top_logprobs:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.engines.sglang import parse_generation
+from proxy.engines.sglang import _stream_chunk, parse_generation
 from proxy.errors import InvalidEngineAnswer
 
 
@@ -42,3 +42,47 @@ def test_logprobs_are_read_from_entries_that_name_their_ids() -> None:
 def test_entries_that_do_not_name_their_ids_are_refused(entries: Any) -> None:
     with pytest.raises(InvalidEngineAnswer):
         parse_generation(_answer([5, 7], entries))
+
+
+def _meta(ids: list[int], total: int | None, finish: Any = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"finish_reason": finish, "output_token_logprobs": [[-0.5, i] for i in ids]}
+    if total is not None:
+        meta["completion_tokens"] = total
+    return {"output_ids": ids, "meta_info": meta}
+
+
+def _streamed(chunks: list[dict[str, Any]]) -> list[int]:
+    held, out = 0, []
+    for chunk in chunks:
+        piece, held = _stream_chunk(chunk, held, top_logprobs=False)
+        out += piece.output_ids
+    return out
+
+
+def test_stream_chunks_are_read_cumulative_or_incremental_by_their_count() -> None:
+    stop = {"type": "stop", "matched": 3}
+    cumulative = [_meta([1], 1), _meta([1, 2], 2), _meta([1, 2, 3], 3, stop)]
+    incremental = [_meta([1], 1), _meta([2], 2), _meta([3], 3, stop)]
+    assert _streamed(cumulative) == _streamed(incremental) == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [_meta([1], None), _meta([1, 2], None)],  # no count: a cumulative chunk would be appended whole
+        [_meta([1, 2, 3], 3), _meta([2, 3], 3)],  # the output shrank
+        [_meta([1], 1), _meta([2], 4, {"type": "stop", "matched": 9})],  # ids missing before the stop
+    ],
+)
+def test_a_stream_chunk_that_is_neither_whole_nor_next_is_refused(chunks: list[dict[str, Any]]) -> None:
+    """Read as a delta, such chunks put tokens the engine never sampled into the record."""
+    with pytest.raises(InvalidEngineAnswer):
+        _streamed(chunks)
+
+
+def test_an_answer_missing_ids_or_its_stop_token_is_refused() -> None:
+    stop = {"type": "stop", "matched": 9}
+    assert parse_generation(_meta([4, 9], 2, stop)).output_ids == [4, 9]
+    for answer in (_meta([4], 11, stop), _meta([4, 5], 2, stop), _meta([], 0, stop)):
+        with pytest.raises(InvalidEngineAnswer):
+            parse_generation(answer)
