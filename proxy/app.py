@@ -85,8 +85,11 @@ log = logging.getLogger("tito_proxy")
 class ObservedApp(FastAPI):
     """The app with request ids outermost: even a 500 answered by Starlette itself carries one."""
 
+    # The Retry-After of the 503 a request cancelled at shutdown gets (--retry-after-s).
+    retry_after_s: float = 5.0
+
     def build_middleware_stack(self) -> ASGIApp:
-        stack = ShutdownAnswer(super().build_middleware_stack())
+        stack = ShutdownAnswer(super().build_middleware_stack(), retry_after_s=self.retry_after_s)
         return RequestIdMiddleware(stack, also_named=_anthropic_id_header)
 
 
@@ -102,6 +105,18 @@ def _named_model(reported: str) -> str | None:
     if not reported or reported == "unknown" or reported.startswith(("/", ".", "~")):
         return None
     return reported
+
+
+# How long the shutdown waits for the turns uvicorn cancelled to end before closing what they use.
+SETTLE_S = 5.0
+
+
+async def _turns_settled(turns: TurnRunner, limit_s: float = SETTLE_S) -> None:
+    """uvicorn cancels the requests still running past --shutdown-grace-s and starts the lifespan's
+    shutdown at once, without waiting for them: a cancelled stream still aborts its engine request
+    and records its partial turn as aborted, which needs the engine client and the store open."""
+    if not await turns.settled(limit_s):
+        log.warning("%d turns still running at shutdown", sum(turns.in_flight.values()))
 
 
 def _apply_engine_info(state: AppState, info: EngineInfo) -> None:
@@ -207,6 +222,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         finally:
             for task in background:
                 task.cancel()
+            await _turns_settled(app.state.proxy.turns)
             await app.state.proxy.model_names.aclose()
             app.state.proxy.turns.close()
             await turn_store.close()
@@ -224,6 +240,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         openapi_url=None,
         **fastapi_telemetry(),
     )
+    app.retry_after_s = settings.retry_after_s
     metrics = app.state.metrics = Metrics()
     # Outside every route, so a new surface cannot forget it.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, metrics=metrics)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any
 
 import orjson
@@ -21,7 +22,6 @@ from proxy.observe import context
 
 log = logging.getLogger("tito_proxy")
 
-RETRY_AFTER_S = 5
 _MESSAGE = "tito-proxy is shutting down and stopped this request; retry it"
 
 
@@ -36,8 +36,10 @@ class ShutdownAnswer:
     line out already, and its stream ends as uvicorn ends it (a streamed turn's partial output is
     recorded as aborted by the turn core)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, retry_after_s: float) -> None:
         self.app = app
+        # As every other 503's Retry-After (--retry-after-s), in whole seconds as HTTP writes them.
+        self.retry_after = str(max(1, math.ceil(retry_after_s))).encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -57,7 +59,7 @@ class ShutdownAnswer:
             if started:
                 raise
             log.warning("%s %s cancelled at shutdown: answered 503", scope.get("method"), scope["path"])
-            headers = [(b"content-type", b"application/json"), (b"retry-after", str(RETRY_AFTER_S).encode())]
+            headers = [(b"content-type", b"application/json"), (b"retry-after", self.retry_after)]
             await send({"type": "http.response.start", "status": 503, "headers": headers})
             await send({"type": "http.response.body", "body": _body(scope["path"])})
             # The request is over, answered: the task ends here rather than as uvicorn's error.

@@ -60,6 +60,8 @@ class TurnRunner:
         self._clock = clock
         # Sessions with a turn under way in this process: the idle sweep leaves them open.
         self.in_flight: Counter[str] = Counter()
+        self._idle = asyncio.Event()  # set while no turn is under way
+        self._idle.set()
         # The parts share the renderer, store and context cache: what one records the other continues.
         self.answers = AnswerText(renderer, self.parser)
         self.planner = TurnPlanner(
@@ -105,12 +107,24 @@ class TurnRunner:
     def busy(self, session_id: str) -> Iterator[None]:
         """Marks the session as having a turn under way until the turn is answered."""
         self.in_flight[session_id] += 1
+        self._idle.clear()
         try:
             yield
         finally:
             self.in_flight[session_id] -= 1
             if not self.in_flight[session_id]:
                 del self.in_flight[session_id]
+            if not self.in_flight:
+                self._idle.set()
+
+    async def settled(self, limit_s: float) -> bool:
+        """Whether every turn under way ended within `limit_s` (a cancelled one ends once it has
+        aborted its engine request and recorded what was sampled)."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), limit_s)
+        except TimeoutError:
+            return False
+        return True
 
     async def prepare(self, session_id: str, request: TurnRequest) -> PreparedTurn:
         """Everything before the engine call: the session, the prompt ids, bounded sampling."""

@@ -99,7 +99,7 @@ def test_a_turn_cancelled_at_shutdown_is_a_503_in_its_dialects_envelope(
 
     engine.fault, engine.hang_s = "hang", 6.0
     env = {"TITO_DB": f"sqlite:///{tmp_path / 'stop.db'}", "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
-    args = ["--tokenizer", str(qwen_dir), "--shutdown-grace-s", "0.5"]
+    args = ["--tokenizer", str(qwen_dir), "--shutdown-grace-s", "0.5", "--retry-after-s", "9"]
     answers: dict[str, httpx.Response] = {}
     bodies = {
         "chat/completions": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
@@ -126,9 +126,57 @@ def test_a_turn_cancelled_at_shutdown_is_a_503_in_its_dialects_envelope(
     chat, anthropic = answers["chat/completions"], answers["messages"]
     for answer in (chat, anthropic):
         assert answer.status_code == 503, answer.text
-        assert answer.headers["retry-after"] == "5"
+        assert answer.headers["retry-after"] == "9"  # --retry-after-s, as every other 503's
         assert answer.headers["x-request-id"]
     assert chat.json()["error"]["code"] == "shutting_down"
     assert anthropic.json()["type"] == "error"
     assert anthropic.json()["error"]["type"] == "overloaded_error"
     assert anthropic.headers["request-id"] == anthropic.headers["x-request-id"]
+
+
+def test_a_stream_cut_at_shutdown_has_its_partial_turn_recorded_as_aborted(
+    engine: FakeSGLang, qwen_dir: Path, tmp_path: Path
+) -> None:
+    """uvicorn starts the lifespan's shutdown right after cancelling the requests still running:
+    the proxy waits for them, so a cut stream still aborts its engine request and records what was
+    sampled as aborted (before, the store was closed under it and the turn was lost)."""
+    import signal
+    import sqlite3
+    import threading
+    import time
+
+    words = engine.tokenizer.encode(
+        "one two three four five six seven eight nine ten", add_special_tokens=False
+    )
+    engine.push([*words.ids, engine.eos_ids[0]])
+    engine.chunk_delay_s = 0.4
+    db = tmp_path / "cut.db"
+    env = {"TITO_DB": f"sqlite:///{db}", "TITO_ENGINE_URL": engine.url}  # type: ignore[attr-defined]
+    args = ["--tokenizer", str(qwen_dir), "--shutdown-grace-s", "0.5"]
+    received: list[bytes] = []
+    with spawn_proxy(args, env, tmp_path / "serve.log") as (process, url):
+
+        def stream() -> None:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            try:
+                with httpx.stream(
+                    "POST", f"{url}/sessions/cut/v1/chat/completions", json=body, timeout=60
+                ) as r:
+                    received.extend(r.iter_bytes())
+            except httpx.HTTPError:
+                pass  # the stream is cut
+
+        thread = threading.Thread(target=stream)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not received:
+            assert time.monotonic() < deadline, "the stream did not start"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        thread.join(timeout=30)
+        process.wait(timeout=30)
+    with sqlite3.connect(db) as connection:
+        rows = connection.execute("select status, length(output_ids) from calls").fetchall()
+    assert [status for status, _ in rows] == ["aborted"]
+    assert rows[0][1] > 0
+    assert engine.aborted  # its engine request was aborted too
