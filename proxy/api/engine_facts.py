@@ -43,12 +43,6 @@ class EngineFacts:
             self.known = True
             return True
 
-    async def ensure(self) -> None:
-        """Before a turn: the facts, if the engine can give them now (if not, the turn's own call
-        to it fails as it would have)."""
-        if not self.known:
-            await self.learn()
-
     async def follow(self) -> None:
         """Until the engine has answered: ask it again every `retry_s` (GET /v1/models, for one,
         names its model without waiting for a turn)."""

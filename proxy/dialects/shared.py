@@ -117,8 +117,9 @@ async def for_model(state: AppState, request: TurnRequest, model: str | None) ->
     """The request sampled by the weights its `model` names (a LoRA adapter, or the base model: see
     proxy/api/model_names.py), asking for routed experts when they are recorded (the planner sets
     the position they start at)."""
-    if state.engine_facts is not None:
-        await state.engine_facts.ensure()  # an engine down at start: its context, before this turn
+    facts = state.engine_facts
+    if facts is not None and not facts.known:
+        await facts.learn()  # an engine down at start: its context before this turn, if it answers now
     choice = await state.model_names.choose(model)
     asks = ExpertsAsk(0, state.routed_experts_shape) if state.settings.record_routed_experts else None
     if choice.adapter is None and asks is None:
