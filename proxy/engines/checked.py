@@ -92,7 +92,42 @@ def check_finish(finish: Any) -> FinishReason:
     return finish
 
 
-def check_generation(generation: Generation, *, vocab_size: int, top_wanted: bool) -> Generation:
+def check_length(count: int, params: SamplingParams) -> None:
+    if params.max_new_tokens is not None and count > params.max_new_tokens:
+        raise InvalidEngineAnswer(f"the engine answered {count} tokens for at most {params.max_new_tokens}")
+
+
+def check_ending(
+    finish: FinishReason, count: int, last: int | None, params: SamplingParams, stop_ids: frozenset[int]
+) -> None:
+    """An output of `count` ids ending with `last` fits what was asked: no more ids than
+    max_new_tokens, a stop on a token ends with that token, which is one the request stops on or an
+    end-of-sequence special token (`stop_ids`), and a stop on a string names a string it asked for.
+    Past such an ending (tokens after the stop, a stop claimed on a token that was not sampled) the
+    record would hold tokens the engine never sampled, or the answer would drop one it did."""
+    if params.max_new_tokens is not None and count > params.max_new_tokens:
+        raise InvalidEngineAnswer(f"the engine answered {count} tokens for at most {params.max_new_tokens}")
+    if finish.kind != "stop":
+        return
+    token, text = finish.matched_token, finish.matched_text
+    if token is not None and (
+        last != token or (token not in stop_ids and token not in params.stop_token_ids)
+    ):
+        raise InvalidEngineAnswer(
+            f"the engine stopped on token {token}, which its output does not end with or nothing stops on"
+        )
+    if text is not None and text not in params.stop:
+        raise InvalidEngineAnswer(f"the engine stopped on {text!r}, a string the request did not ask for")
+
+
+def check_generation(
+    generation: Generation,
+    *,
+    vocab_size: int,
+    top_wanted: bool,
+    params: SamplingParams | None = None,
+    stop_ids: frozenset[int] = frozenset(),
+) -> Generation:
     check_tokens(
         generation.output_ids,
         generation.logprobs,
@@ -100,16 +135,21 @@ def check_generation(generation: Generation, *, vocab_size: int, top_wanted: boo
         vocab_size=vocab_size,
         top_wanted=top_wanted,
     )
-    check_finish(generation.finish)
+    finish = check_finish(generation.finish)
+    if params is not None:
+        ids = generation.output_ids
+        check_ending(finish, len(ids), ids[-1] if ids else None, params, stop_ids)
     return generation
 
 
 class CheckedEngine:
     """An engine whose every answer is checked; it speaks the same protocol as the engine it wraps."""
 
-    def __init__(self, inner: Engine, *, vocab_size: int) -> None:
+    def __init__(self, inner: Engine, *, vocab_size: int, stop_ids: frozenset[int] = frozenset()) -> None:
         self.inner = inner
         self.vocab_size = vocab_size
+        # The tokens an engine may stop on unasked: the tokenizer's special ones (its end of sequence).
+        self.stop_ids = stop_ids
         self.name = inner.name
         self.supports_constraints = inner.supports_constraints
         self.limits: ContextLimits = inner.limits
@@ -126,17 +166,24 @@ class CheckedEngine:
         affinity: str | None = None,
     ) -> Generation:
         generation = await self.inner.generate(input_ids, params, request_id, affinity=affinity)
-        return check_generation(generation, vocab_size=self.vocab_size, top_wanted=params.top_logprobs > 0)
+        return check_generation(
+            generation,
+            vocab_size=self.vocab_size,
+            top_wanted=params.top_logprobs > 0,
+            params=params,
+            stop_ids=self.stop_ids,
+        )
 
     async def stream(
         self, input_ids: PromptIds, params: SamplingParams, request_id: str, *, affinity: str | None = None
     ) -> AsyncIterator[StreamChunk]:
         chunks = await self.inner.stream(input_ids, params, request_id, affinity=affinity)
-        return self._checked(chunks, top_wanted=params.top_logprobs > 0)
+        return self._checked(chunks, params)
 
     async def _checked(
-        self, chunks: AsyncIterator[StreamChunk], *, top_wanted: bool
+        self, chunks: AsyncIterator[StreamChunk], params: SamplingParams
     ) -> AsyncIterator[StreamChunk]:
+        count, last = 0, None
         try:
             async for chunk in chunks:
                 check_tokens(
@@ -144,10 +191,16 @@ class CheckedEngine:
                     chunk.logprobs,
                     chunk.top_logprobs,
                     vocab_size=self.vocab_size,
-                    top_wanted=top_wanted,
+                    top_wanted=params.top_logprobs > 0,
                 )
+                count += len(chunk.output_ids)
+                last = chunk.output_ids[-1] if chunk.output_ids else last
                 if chunk.finish is not None:
-                    check_finish(chunk.finish)
+                    check_ending(check_finish(chunk.finish), count, last, params, self.stop_ids)
+                elif params.max_new_tokens is not None and count > params.max_new_tokens:
+                    raise InvalidEngineAnswer(
+                        f"the engine streamed {count} tokens for at most {params.max_new_tokens}"
+                    )
                 yield chunk
                 if chunk.finish is not None:
                     return  # the last chunk: nothing after it is read

@@ -67,6 +67,7 @@ from proxy.engines.vllm_protocol import (
     GENERATE_PATH,
     ParsedChoice,
     Route,
+    check_counts,
     completions_payload,
     error_message,
     generate_payload,
@@ -321,6 +322,7 @@ class VLLMEngine:
         if choice is None:
             raise EngineError("vLLM answered without a choice")
         parsed = parse_choice(choice, probe.route, top_k=params.top_logprobs, final=True)
+        check_counts(parsed, len(parsed.output_ids), body.get("usage"))
         end = len(input_ids) + len(parsed.output_ids) - 1
         return self._generation(probe, parsed, params, rid, _routed_experts(choice, params, end))
 
@@ -351,6 +353,7 @@ class VLLMEngine:
         events: AsyncGenerator[dict[str, Any], None],
     ) -> AsyncIterator[StreamChunk]:
         params, held = asked  # held: the prompt, then each output id as it arrives
+        prompt_len = held
         try:
             body = first
             while body is not None:
@@ -358,6 +361,8 @@ class VLLMEngine:
                 if choice is not None:
                     parsed = parse_choice(choice, probe.route, top_k=params.top_logprobs, final=False)
                     held += len(parsed.output_ids)
+                    if parsed.finish is not None:  # its spans cover the whole output
+                        check_counts(parsed, held - prompt_len)
                     yield StreamChunk(
                         output_ids=parsed.output_ids,
                         logprobs=parsed.logprobs,

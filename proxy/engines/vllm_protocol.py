@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from proxy.engines.base import FinishReason, PromptIds, SamplingParams, TopLogprobs
 from proxy.engines.prompt_json import json_value
-from proxy.errors import EngineError, UnsupportedParameter
+from proxy.errors import EngineError, InvalidEngineAnswer, UnsupportedParameter
 from proxy.weight_versions import named
 
 Route = Literal["generate", "completions"]
@@ -132,6 +132,28 @@ class ParsedChoice:
             return None
         label = self.weight_versions[-1].get("version")
         return named(label)
+
+
+def check_counts(parsed: ParsedChoice, total: int, usage: Any = None) -> None:
+    """An answer's own counts agree with the `total` output ids it came with: the weight version
+    spans tile them (`[start, end)` from 0 to the end, in order, each naming a version), and the
+    usage counts them. A chunk sent twice, or ids lost, would otherwise be recorded as sampled."""
+    counted = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if isinstance(counted, int) and counted != total:
+        raise InvalidEngineAnswer(f"vLLM answered {total} output ids and counted {counted}")
+    spans = parsed.weight_versions
+    if spans is None:
+        return
+    at = 0
+    for span in spans:
+        start, end = (span.get("start"), span.get("end")) if isinstance(span, dict) else (None, None)
+        if type(start) is not int or type(end) is not int or start != at or end < start:
+            raise InvalidEngineAnswer(f"vLLM's weight version spans do not tile its {total} output ids")
+        if not isinstance(span.get("version"), str):
+            raise InvalidEngineAnswer("vLLM named a weight version that is not a string")
+        at = end
+    if at != total:
+        raise InvalidEngineAnswer(f"vLLM's weight version spans do not tile its {total} output ids")
 
 
 def single_choice(body: Any) -> dict[str, Any] | None:

@@ -104,6 +104,8 @@ class StreamFacts:
     close_ids: frozenset[int]
     # The conversation's system prompts: Mistral templates write them into the last user message only.
     system_texts: tuple[str, ...] = ()
+    # Where the outputs of calls answered with tool calls start.
+    call_starts: frozenset[int] = frozenset()
 
 
 def _pieces(ids: Sequence[int], specials: frozenset[int]) -> list[tuple[int, int]]:
@@ -427,11 +429,12 @@ class DriftClassifier:
         r_marks = [n for n, k in enumerate(r_keep) if r_diff[k] in self._markers]
         s_seq, r_seq = [s_diff[s_keep[n]] for n in s_marks], [r_diff[r_keep[n]] for n in r_marks]
         if s_seq != r_seq:
-            # One special token the model sampled first in its turn (not a close) that the render
-            # leaves out, nothing else of the structure differing: the assistant's own prefix, which
-            # the template does not write back (Llama's `<|python_tag|>` before a JSON call). Judged
-            # with the text around it below. A whole call lost has several markers: still a bug.
-            own = [n for n in s_marks if self._opens_own_turn(stream, positions[s_keep[n]])]
+            # The special token that opened a turn answered with tool calls (not a close), which
+            # the render leaves out, nothing else of the structure differing: the prefix of a call
+            # the template writes back without it (Llama's `<|python_tag|>` before a JSON call).
+            # Judged with the text around it below. A call answered as text keeps its marker in
+            # the answer's place: one the render lacks there is a bug.
+            own = [n for n in s_marks if positions[s_keep[n]] in stream.call_starts]
             rest = [n for n in s_marks if n not in own]
             if len(own) == 1 and [s_diff[s_keep[n]] for n in rest] == r_seq:
                 s_marks, s_seq = rest, r_seq
@@ -451,16 +454,6 @@ class DriftClassifier:
             if bad is not None:
                 return bad
         return None
-
-    @staticmethod
-    def _opens_own_turn(stream: StreamFacts, position: int) -> bool:
-        """A sampled token, not a close, that is the first of its turn's sampled tokens."""
-        return (
-            stream.sampled[position]
-            and stream.ids[position] not in stream.close_ids
-            and position > 0
-            and not stream.sampled[position - 1]
-        )
 
     def _own_or_think(self, stream: StreamFacts, position: int) -> bool:
         """Sampled, or part of a think opener the generation prompt pre-filled."""

@@ -21,7 +21,7 @@ from proxy.errors import TemplateError
 from proxy.export.branches import Branch, BranchFilter, branch_labels, kept
 from proxy.export.drift import DriftClassifier, DriftMode, StreamFacts, report
 from proxy.export.experts import export_fields
-from proxy.store.codec import unpack_ids, unpack_logprobs
+from proxy.store.codec import id_count, unpack_ids, unpack_logprobs
 from proxy.store.models import CallRow
 from proxy.store.prompts import chain_conversation, chain_tools
 
@@ -119,10 +119,23 @@ def drift_report(
         synthesized=synthesized,
         close_ids=renderer.close_token_ids,
         system_texts=tuple(_text_of(m) for m in messages if m.get("role") in ("system", "developer")),
+        call_starts=_tool_call_outputs(trajectory.calls, prompt_len),
     )
     added = frozenset(int(i) for i in renderer.tokenizer.get_added_tokens_decoder())
     differences = DriftClassifier(renderer.decode, renderer.special_ids, added).compare(facts, render)
     return report(differences, mode, prompt_len)
+
+
+def _tool_call_outputs(calls: list[CallRow], prompt_len: int) -> frozenset[int]:
+    """Where the output of each call answered with tool calls starts in the stream."""
+    starts, position = set(), prompt_len
+    for index, call in enumerate(calls):
+        if index > 0:
+            position += id_count(call.prompt_added)
+        if call.response_message.get("tool_calls"):
+            starts.add(position)
+        position += id_count(call.output_ids)
+    return frozenset(starts)
 
 
 def path_drift(

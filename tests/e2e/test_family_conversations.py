@@ -377,3 +377,13 @@ def test_a_llama_call_sampled_after_python_tag_is_canonicalization(
     kinds = [d["kind"] for row in rows for d in orjson.loads(row)["drift"]["differences"]]
     assert "unclassified" not in kinds, kinds
     assert "assistant_canonicalization" in kinds, kinds
+    # The same marker before text, answered as text: the harness's history lacks it where the model
+    # sampled it, which no template canonicalization explains.
+    engine.push(renderer.encode("<|python_tag|>Sunny in Paris.<|eot_id|>"))
+    first = [{"role": "user", "content": "Weather in Paris?"}]
+    body = {"model": "m", "messages": first, "tools": tools}
+    text = httpx.post(f"{url}/sessions/py-text/v1/chat/completions", json=body, timeout=30).json()
+    assert not text["choices"][0]["message"].get("tool_calls")
+    httpx.post(f"{url}/sessions/py-text/finish").raise_for_status()
+    rows = httpx.get(f"{url}/export", params={"session_ids": "py-text"}).text.splitlines()
+    assert "unclassified" in [d["kind"] for row in rows for d in orjson.loads(row)["drift"]["differences"]]

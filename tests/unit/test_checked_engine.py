@@ -24,8 +24,8 @@ from proxy.errors import EngineError, InvalidEngineAnswer
 
 VOCAB = 1000
 STOP = FinishReason("stop", matched_token=7)
-PARAMS = SamplingParams(max_new_tokens=8)
-TOP_PARAMS = SamplingParams(max_new_tokens=8, top_logprobs=2)
+PARAMS = SamplingParams(max_new_tokens=8, stop_token_ids=(7,))
+TOP_PARAMS = SamplingParams(max_new_tokens=8, stop_token_ids=(7,), top_logprobs=2)
 
 
 class ScriptedEngine:
@@ -175,3 +175,38 @@ def test_nothing_after_the_finish_reason_is_read_and_the_engine_stream_is_closed
 
     assert len(asyncio.run(read())) == 1
     assert scripted.closed
+
+
+@pytest.mark.parametrize(
+    ("ids", "finish"),
+    [
+        ([5, 6], STOP),  # a stop on a token the output does not end with
+        ([5, 7, 8], STOP),  # tokens after the stop token
+        ([5, 9], FinishReason("stop", matched_token=9)),  # a token nothing stops on
+        ([5, 6], FinishReason("stop", matched_text="zzz")),  # a string the request did not ask for
+        ([1] * 9, FinishReason("length")),  # more tokens than max_new_tokens
+    ],
+)
+def test_an_answer_past_what_was_asked_is_refused_plain_or_streamed(
+    ids: list[int], finish: FinishReason
+) -> None:
+    """Recorded, such an answer would train tokens the engine never sampled, or drop one it did."""
+    with pytest.raises(InvalidEngineAnswer):
+        _generate(Generation(ids, [-0.5] * len(ids), finish))
+    chunks = [StreamChunk(ids[:1], [-0.5]), StreamChunk(ids[1:], [-0.5] * (len(ids) - 1), finish)]
+    with pytest.raises(InvalidEngineAnswer):
+        _stream(chunks)
+
+
+def test_a_stop_on_an_end_of_sequence_token_or_an_asked_string_passes() -> None:
+    end_of_sequence = FinishReason("stop", matched_token=3)
+    engine = CheckedEngine(
+        ScriptedEngine(Generation([5, 3], [-0.5, -0.1], end_of_sequence)),
+        vocab_size=VOCAB,
+        stop_ids=frozenset({3}),
+    )
+    assert asyncio.run(engine.generate([1], PARAMS)).output_ids == [5, 3]
+    asked = SamplingParams(max_new_tokens=8, stop=("zzz",))
+    assert _generate(
+        Generation([5, 6], [-0.5, -0.1], FinishReason("stop", matched_text="zzz")), asked
+    ).output_ids == [5, 6]

@@ -8,8 +8,15 @@ import pytest
 
 from proxy.engines.base import FinishReason, SamplingParams
 from proxy.engines.vllm_probe import mode_in_server_info, sampled_distribution
-from proxy.engines.vllm_protocol import best, finish_reason, parse_choice, vllm_sampling
-from proxy.errors import EngineError, UnsupportedParameter
+from proxy.engines.vllm_protocol import (
+    ParsedChoice,
+    best,
+    check_counts,
+    finish_reason,
+    parse_choice,
+    vllm_sampling,
+)
+from proxy.errors import EngineError, InvalidEngineAnswer, UnsupportedParameter
 
 
 def _choice(entries: list[dict[str, Any]], ids: list[int], **extra: Any) -> dict[str, Any]:
@@ -84,3 +91,32 @@ def test_raw_logprobs_are_the_sampled_distribution_only_without_any_processing()
     assert sampled_distribution("raw_logprobs", SamplingParams(max_new_tokens=5, temperature=0.7)) is False
     assert sampled_distribution("processed_logprobs", SamplingParams(max_new_tokens=5, top_k=3)) is True
     assert sampled_distribution(None, plain) is None
+
+
+def _spans(*spans: tuple[Any, Any, Any]) -> ParsedChoice:
+    versions = [{"version": v, "start": s, "end": e} for v, s, e in spans]
+    return ParsedChoice([1, 2, 3, 4], [-0.5] * 4, None, None, versions)
+
+
+def test_counts_that_agree_with_the_ids_pass() -> None:
+    check_counts(_spans(("v1", 0, 1), ("v2", 1, 4)), 4, {"completion_tokens": 4})
+    check_counts(_spans(("v1", 0, 0)), 0)  # an abort before any token
+    check_counts(ParsedChoice([1], [-0.5], None, None, None), 1)  # a server that names no versions
+
+
+@pytest.mark.parametrize(
+    ("parsed", "usage"),
+    [
+        (_spans(("v1", 0, 4)), {"completion_tokens": 6}),  # counted more than it sent
+        (_spans(("v1", 0, 1), ("v2", 2, 4)), None),  # a gap
+        (_spans(("v1", 0, 3), ("v2", 1, 4)), None),  # an overlap
+        (_spans(("v1", 0, 1), ("v2", 1, 2)), None),  # short of the output
+        (_spans(("v2", 3, 1)), None),  # backwards
+        (_spans((7, 0, 4)), None),  # a version that is no label
+        (_spans(("v1", "0", 4)), None),
+    ],
+)
+def test_counts_that_disagree_with_the_ids_are_refused(parsed: ParsedChoice, usage: Any) -> None:
+    """A chunk sent twice or ids lost would otherwise be recorded as sampled, under versions no token had."""
+    with pytest.raises(InvalidEngineAnswer):
+        check_counts(parsed, 4, usage)
