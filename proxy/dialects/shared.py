@@ -119,7 +119,7 @@ async def for_model(state: AppState, request: TurnRequest, model: str | None) ->
     the position they start at)."""
     facts = state.engine_facts
     if facts is not None and not facts.known:
-        await facts.learn()  # an engine down at start: its context before this turn, if it answers now
+        await facts.before_turn()  # an engine down at start: its context first, if it answers now
     choice = await state.model_names.choose(model)
     asks = ExpertsAsk(0, state.routed_experts_shape) if state.settings.record_routed_experts else None
     if choice.adapter is None and asks is None:

@@ -357,8 +357,11 @@ class SGLangEngine:
         return 0
 
     async def _get_json(self, path: str) -> Any | None:
-        """The JSON body of a GET, or None when the route answers anything but 200."""
+        """The JSON body of a GET, or None when the route answers another 2xx-4xx (an older server
+        without it). A 5xx is a server not ready (a router with no worker up yet): unavailable."""
         async with self._session().get(self._url(path)) as response:
+            if response.status >= 500:
+                raise EngineUnavailable(f"{self._url(path)} answered {response.status}: not ready")
             if response.status != 200:
                 return None
             return orjson.loads(await response.read())
@@ -456,6 +459,13 @@ async def lines_of(blocks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield bytes(partial)
 
 
+def _repeats_last(finish: Any, total: Any, held: int, ids: list[Any]) -> bool:
+    """SGLang's chunk for a request aborted while it waited (a retracted one, at a weight sync's
+    abort): the last id again, with completion_tokens counting only what was held. Nothing new."""
+    aborted = isinstance(finish, dict) and finish.get("type") == "abort"
+    return aborted and held > 0 and total == held and len(ids) <= 1
+
+
 def _cumulative(total: Any, held: int, size: int) -> bool:
     """Whether a chunk of `size` ids is the whole output so far (SGLang's default) rather than its
     next part (--incremental-streaming-output), told by `completion_tokens`, the output's length so
@@ -487,12 +497,14 @@ def _stream_chunk(
     entries = meta.get("output_token_logprobs") or []
     if not isinstance(ids, list) or not isinstance(entries, list):
         raise InvalidEngineAnswer("the engine streamed output_ids or logprobs that are not lists")
-    cumulative = _cumulative(meta.get("completion_tokens"), held, len(ids))
-    new_ids, new_entries = (ids[held:], entries[held:]) if cumulative else (ids, entries)
-    top: list[TopLogprobs] | None = None
-    if top_logprobs:
-        raw_top = meta.get("output_top_logprobs") or []
-        top = _top_logprobs(raw_top[held:] if cumulative else raw_top, len(new_ids))
+    raw_top = meta.get("output_top_logprobs") or []
+    if _repeats_last(raw_finish, meta.get("completion_tokens"), held, ids):
+        new_ids, new_entries, raw_top = [], [], []
+    elif _cumulative(meta.get("completion_tokens"), held, len(ids)):
+        new_ids, new_entries, raw_top = ids[held:], entries[held:], raw_top[held:]
+    else:
+        new_ids, new_entries = ids, entries
+    top = _top_logprobs(raw_top, len(new_ids)) if top_logprobs else None
     version = meta.get("weight_version")
     chunk = StreamChunk(
         output_ids=new_ids,

@@ -86,3 +86,14 @@ def test_an_answer_missing_ids_or_its_stop_token_is_refused() -> None:
     for answer in (_meta([4], 11, stop), _meta([4, 5], 2, stop), _meta([], 0, stop)):
         with pytest.raises(InvalidEngineAnswer):
             parse_generation(answer)
+
+
+def test_an_abort_chunk_that_repeats_the_last_id_adds_nothing() -> None:
+    """SGLang's chunk for a request aborted while it waited: the last id again, counted once."""
+    abort = {"type": "abort", "message": "Abort before prefill"}
+    chunks = [_meta([11, 12], 2), _meta([11, 12, 13], 3), _meta([13], 3, abort)]
+    held, out = 0, []
+    for chunk in chunks:
+        piece, held = _stream_chunk(chunk, held, top_logprobs=False)
+        out += piece.output_ids
+    assert (out, held, piece.finish.kind if piece.finish else None) == ([11, 12, 13], 3, "abort")
