@@ -12,11 +12,11 @@ import orjson
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
-from proxy.api.retries import SDK_RETRY_WINDOW, RetryIdentity, recorded_answer, replayed_results
+from proxy.api.retries import RetryIdentity, recorded_answer, replayed_results
 from proxy.api.streaming import StreamOptions, open_streams, replayed_events, sse_events
 from proxy.app_state import AppState
-from proxy.errors import InvalidRequest
-from proxy.store.repository import Repository, utcnow
+from proxy.errors import InvalidRequest, ProxyError
+from proxy.store.repository import Repository
 from proxy.turns import TurnRequest, TurnResult
 
 
@@ -74,7 +74,7 @@ async def retried_session(state: AppState, session: tuple[str, bool], identity: 
     if running is not None:
         return running
     async with state.db_sessions() as db:
-        since = utcnow() - SDK_RETRY_WINDOW
+        since = guard.retry_since(identity)
         return await Repository(db).session_of_request(identity.request_hash, since) or session_id
 
 
@@ -105,7 +105,8 @@ async def answer(
         recorded = None
         if identity is not None:
             async with state.db_sessions() as db:
-                recorded = await recorded_answer(Repository(db), session_id, identity)
+                since = state.retries.retry_since(identity)
+                recorded = await recorded_answer(Repository(db), session_id, identity, since)
         if recorded is not None:
             results = replayed_results(recorded)
             if len(results) != request.choices:
@@ -136,6 +137,10 @@ async def answer(
             return event_response(held, headers)
         else:
             results = await run_watched(state, session_id, request, client)
+    except ProxyError:
+        if identity is not None:
+            state.retries.attempt_failed(identity)
+        raise
     finally:
         await exit_stack.aclose()
     return _answered(results, headers, body_of)

@@ -15,7 +15,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from proxy.chat.parsing import ParsedOutput
 from proxy.engines.base import FinishReason, Generation
@@ -30,6 +30,8 @@ log = logging.getLogger("tito_proxy.retries")
 
 # An SDK retry follows its original within the client's timeout and backoff.
 SDK_RETRY_WINDOW = timedelta(minutes=30)
+# Failed attempts remembered (attempt_failed): an SDK retries within seconds.
+_FAILED_KEPT = 4096
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,27 @@ class RetryGuard:
         # Per identity name, the sessions whose lock on it is held or awaited, oldest first: where a
         # retry that names no session finds its original while that is still sampling.
         self._sessions: dict[str, dict[str, None]] = {}
+        # When an attempt known by its body alone last failed, by body hash (attempt_failed).
+        self._failed: dict[str, datetime] = {}
+
+    def attempt_failed(self, identity: RetryIdentity) -> None:
+        """An attempt known by its body alone was answered with an error (nothing recorded): a retry
+        of it is a request of its own, never answered with an identical earlier request's record
+        (another rollout's, or an earlier sample of the same session)."""
+        if identity.idempotency_key is not None:
+            return
+        if len(self._failed) >= _FAILED_KEPT:
+            for name in list(self._failed)[: _FAILED_KEPT // 2]:  # the oldest half (insertion order)
+                del self._failed[name]
+        self._failed.pop(identity.request_hash, None)
+        self._failed[identity.request_hash] = utcnow()
+
+    def retry_since(self, identity: RetryIdentity) -> datetime:
+        """The oldest answer an SDK retry may take for its original's: within the SDKs' retry window,
+        and after this process last answered an identical attempt with an error."""
+        since = utcnow() - SDK_RETRY_WINDOW
+        failed = self._failed.get(identity.request_hash)
+        return max(since, failed) if failed is not None else since
 
     def held(self) -> int:
         """Identities with a request holding or awaiting their lock (the only ones kept)."""
@@ -116,8 +139,12 @@ class RetryGuard:
                     del self._sessions[identity.lock_name]
 
 
-async def recorded_answer(repo: Repository, session_id: str, identity: RetryIdentity) -> list[CallRow] | None:
-    """The calls that answered an earlier attempt of this request, choices in order; None if none."""
+async def recorded_answer(
+    repo: Repository, session_id: str, identity: RetryIdentity, since: datetime
+) -> list[CallRow] | None:
+    """The calls that answered an earlier attempt of this request, choices in order; None if none.
+    `since`: for an SDK retry (known by its body alone), the oldest answer that may be its original's
+    (RetryGuard.retry_since)."""
     if identity.idempotency_key is not None:
         rows = await repo.answered_calls(session_id, idempotency_key=identity.idempotency_key)
         if rows and any(row.request_hash != identity.request_hash for row in rows):
@@ -125,9 +152,7 @@ async def recorded_answer(repo: Repository, session_id: str, identity: RetryIden
                 "this Idempotency-Key was used with a different request body", param="Idempotency-Key"
             )
     elif identity.is_sdk_retry:
-        rows = await repo.answered_calls(
-            session_id, request_hash=identity.request_hash, since=utcnow() - SDK_RETRY_WINDOW
-        )
+        rows = await repo.answered_calls(session_id, request_hash=identity.request_hash, since=since)
         # The newest identical request only: an older identical one was answered already.
         if rows:
             newest = rows[-1].finish_detail.get("request_id")

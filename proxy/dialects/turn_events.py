@@ -23,7 +23,7 @@ from proxy.api.retries import RetryIdentity, recorded_answer, replayed_results
 from proxy.api.streaming import ChunkWriter, StreamOptions, _choice_events, open_streams
 from proxy.app_state import AppState
 from proxy.engines.base import StreamChunk
-from proxy.errors import InvalidRequest
+from proxy.errors import InvalidRequest, ProxyError
 from proxy.store.repository import Repository
 from proxy.turns import PreparedTurn, TurnRequest, TurnResult
 
@@ -206,7 +206,8 @@ async def run_turn(
     await exit_stack.enter_async_context(state.retries.hold(session_id, identity))
     if identity is not None:
         async with state.db_sessions() as db:
-            recorded = await recorded_answer(Repository(db), session_id, identity)
+            since = state.retries.retry_since(identity)
+            recorded = await recorded_answer(Repository(db), session_id, identity, since)
         if recorded is not None:
             results = replayed_results(recorded)
             if len(results) != 1:
@@ -216,10 +217,15 @@ async def run_turn(
                 events = _listed(replayed(results[0]))
                 return Answer(None, events, prompt_tokens, replayed=True, request_id=request_id)
             return Answer(results, None, prompt_tokens, replayed=True, request_id=request_id)
-    if stream:
-        prompt_tokens, request_id, events = await streamed(state, session_id, request)
-        return Answer(events=events, prompt_tokens=prompt_tokens, request_id=request_id)
-    results = await run_watched(state, session_id, request, client)
+    try:
+        if stream:
+            prompt_tokens, request_id, events = await streamed(state, session_id, request)
+            return Answer(events=events, prompt_tokens=prompt_tokens, request_id=request_id)
+        results = await run_watched(state, session_id, request, client)
+    except ProxyError:
+        if identity is not None:
+            state.retries.attempt_failed(identity)
+        raise
     return Answer(results=results, prompt_tokens=results[0].prompt_tokens, request_id=results[0].request_id)
 
 

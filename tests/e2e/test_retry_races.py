@@ -111,3 +111,24 @@ def test_a_retry_whose_original_was_aborted_is_sampled_afresh(
     assert "x-tito-replayed" not in retry.headers  # never answered from an aborted record
     assert len(engine.requests) == 2
     assert retry.json()["choices"][0]["message"]["content"] == "ok"
+
+
+@pytest.mark.parametrize("route", ["chat/completions", "messages"])
+def test_a_retry_whose_own_original_failed_is_not_answered_with_an_identical_earlier_request(
+    proxy_url: str, engine: FakeSGLang, route: str
+) -> None:
+    """Two rollouts send the same first request without a session: A is answered; B's first attempt
+    gets a 502 (nothing recorded) and its SDK retries. B is a rollout of its own: sampled, in a
+    session of its own, not handed A's recorded answer (the two would train as one)."""
+    url, body = f"{proxy_url}/v1/{route}", BODIES[route]
+    a = httpx.post(url, json=body, headers={"x-stainless-retry-count": "0"}, timeout=30)
+    assert a.status_code == 200, a.text
+    engine.fault = "http500"
+    failed = httpx.post(url, json=body, headers={"x-stainless-retry-count": "0"}, timeout=30)
+    assert failed.status_code == 502, failed.text
+    engine.fault = None
+    b = httpx.post(url, json=body, headers={"x-stainless-retry-count": "1"}, timeout=30)
+    assert b.status_code == 200, b.text
+    assert "x-tito-replayed" not in b.headers
+    assert b.headers["x-session-id"] != a.headers["x-session-id"]
+    assert b.json()["id"] != a.json()["id"]
