@@ -28,8 +28,10 @@ _BLOCK_KEYS: dict[str | None, frozenset[str]] = {
     "text": frozenset({"type", "text", "cache_control", "citations"}),
     "thinking": frozenset({"type", "thinking", "signature"}),
     "redacted_thinking": frozenset({"type", "data"}),
-    "tool_use": frozenset({"type", "id", "name", "input", "cache_control", "caller"}),
-    "tool_result": frozenset({"type", "tool_use_id", "content", "is_error", "cache_control"}),
+    # toolset_name: the MCP toolset a tool came from, which the SDKs echo back; the tool's name is
+    # what a template renders.
+    "tool_use": frozenset({"type", "id", "name", "input", "cache_control", "caller", "toolset_name"}),
+    "tool_result": frozenset({"type", "tool_use_id", "content", "is_error", "cache_control", "toolset_name"}),
     "tool_reference": frozenset({"type", "tool_name", "cache_control"}),
 }
 _MESSAGE_KEYS = frozenset({"role", "content"})
@@ -53,6 +55,8 @@ def _checked_block(block: Any, param: str) -> Any:
     if isinstance(block, dict) and (known := _BLOCK_KEYS.get(block.get("type"))) is not None:
         check_keys(block, known, param)
         check_cache_control(block, param)
+        if block.get("toolset_name") is not None and not isinstance(block["toolset_name"], str):
+            raise InvalidRequest(f"{param}.toolset_name: Input should be a valid string", param=param)
     return block
 
 
