@@ -432,8 +432,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         retry = exc.retry_after_s
         if retry is None and exc.status_code == 503:
             retry = app.state.proxy.settings.retry_after_s if hasattr(app.state, "proxy") else 5.0
-        headers = {"Retry-After": str(max(1, math.ceil(retry)))} if retry is not None else None
-        return JSONResponse(exc.envelope(), status_code=exc.status_code, headers=headers)
+        headers = {"Retry-After": str(max(1, math.ceil(retry)))} if retry is not None else {}
+        if exc.should_retry is not None:
+            headers["x-should-retry"] = "true" if exc.should_retry else "false"
+        return JSONResponse(exc.envelope(), status_code=exc.status_code, headers=headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

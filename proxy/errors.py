@@ -38,6 +38,9 @@ class ProxyError(Exception):
     default_code: str | None = None
     # Seconds a client should wait before retrying, sent as Retry-After (429 and 503 answers).
     retry_after_s: float | None = None
+    # Sent as x-should-retry, which the OpenAI and Anthropic SDKs obey over their own rules (they
+    # retry every 409): False where the same request can never succeed.
+    should_retry: bool | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -119,6 +122,13 @@ class Conflict(ProxyError):
     status_code = 409
     error_type = "conflict_error"
     default_code = "conflict"
+    should_retry = False  # a finished session, a key reused with another body, a taken index
+
+
+class ConcurrentChange(Conflict):
+    """A write a concurrent one made impossible: the same request may succeed now."""
+
+    should_retry = True
 
 
 class Paused(ProxyError):

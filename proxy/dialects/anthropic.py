@@ -59,7 +59,8 @@ class AnthropicRoute(HarnessRoute):
                 answer = await _app_answer(request, exc)
                 error = json.loads(bytes(answer.body))["error"]
                 body = error_body(answer.status_code, error["message"], error.get("request_id"))
-                headers = {k: v for k, v in answer.headers.items() if k.lower() == "retry-after"}
+                kept = ("retry-after", "x-should-retry")
+                headers = {k: v for k, v in answer.headers.items() if k.lower() in kept}
                 response = JSONResponse(body, status_code=answer.status_code, headers=headers)
             # `request-id`, which Anthropic's SDKs read, is set with x-request-id on every answer
             # (proxy/observe/request_ids.py).

@@ -15,7 +15,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.ext.asyncio import AsyncSession as DbSession
 
-from proxy.errors import Conflict, DatabaseUnavailable, ProxyError
+from proxy.errors import ConcurrentChange, DatabaseUnavailable, ProxyError
 
 _ASYNC_DRIVERS = {
     "sqlite": "sqlite+aiosqlite",
@@ -91,7 +91,7 @@ def database_error(error: BaseException) -> ProxyError:
     """The one mapping of a database failure to what the client is told: a 409 for a write that a
     concurrent one made impossible, else a 503 (nothing was written: the transaction rolled back)."""
     if isinstance(error, IntegrityError):
-        return Conflict("the record changed while this request ran; nothing was written, retry it")
+        return ConcurrentChange("the record changed while this request ran; nothing was written, retry it")
     reason = error.orig if isinstance(error, DBAPIError) else error  # the driver's words, not the SQL
     return DatabaseUnavailable(f"the database failed, nothing was written: {reason or type(reason).__name__}")
 

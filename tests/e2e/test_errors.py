@@ -307,3 +307,16 @@ def test_the_same_fields_asking_for_something_are_refused(
 ) -> None:
     answer = httpx.post(f"{proxy_url}/sessions/asks{route}", json=body, timeout=30)
     assert _error(answer, 400)["param"] == param
+
+
+def test_a_conflict_no_retry_can_resolve_tells_the_sdks_not_to_retry(proxy_url: str) -> None:
+    """The OpenAI and Anthropic SDKs retry every 409 unless told `x-should-retry: false`: a turn in a
+    finished session would be sent three times, with back-off, before the harness saw the error."""
+    assert httpx.post(f"{proxy_url}/sessions", json={"id": "done"}).status_code == 201
+    httpx.post(f"{proxy_url}/sessions/done/finish").raise_for_status()
+    chat = {"model": "m", "messages": USER}
+    anthropic = {"model": "m", "max_tokens": 8, "messages": USER}
+    for route, body in (("chat/completions", chat), ("messages", anthropic)):
+        answer = httpx.post(f"{proxy_url}/sessions/done/v1/{route}", json=body)
+        assert answer.status_code == 409, answer.text
+        assert answer.headers["x-should-retry"] == "false"
