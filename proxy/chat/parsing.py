@@ -137,28 +137,47 @@ def text_arguments(tools: list[dict[str, Any]] | None) -> TextArguments:
         properties = parameters.get("properties") if isinstance(parameters, dict) else None
         if isinstance(properties, dict):
             found[function["name"]] = frozenset(
-                key
-                for key, schema in properties.items()
-                if isinstance(schema, dict) and schema.get("type") == "string"
+                key for key, schema in properties.items() if _is_string(schema)
             )
     return MappingProxyType(found)
 
 
 def _is_string(schema: Any) -> bool:
-    return isinstance(schema, dict) and schema.get("type") == "string"
+    """A JSON schema whose values are strings, or null: `"string"`, `["string", "null"]` (OpenAI's
+    strict schemas), an `anyOf`/`oneOf` of strings and null (pydantic's Optional[str]), an enum of
+    strings."""
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    if kind == "string" or (isinstance(kind, list) and "string" in kind and set(kind) <= {"string", "null"}):
+        return True
+    members = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(members, list):
+        typed = [m for m in members if not (isinstance(m, dict) and m.get("type") == "null")]
+        return bool(typed) and all(_is_string(m) for m in typed)
+    enum = schema.get("enum")
+    return kind is None and isinstance(enum, list) and bool(enum) and all(isinstance(v, str) for v in enum)
 
 
 def _xml_calls(
-    text: str, call: re.Pattern[str], argument: re.Pattern[str], strings: TextArguments
+    text: str,
+    call: re.Pattern[str],
+    argument: re.Pattern[str],
+    strings: TextArguments,
+    *,
+    null_is_none: bool = False,
 ) -> tuple[str, list[dict[str, Any]]] | None:
-    """Calls written as XML inside `<tool_call>`: a name, then key/value argument elements."""
+    """Calls written as XML inside `<tool_call>`: a name, then key/value argument elements.
+    `null_is_none`: the text `null` is null whatever the schema (vLLM's qwen3_coder reads it so)."""
     if "<tool_call>" not in text:
         return text, []
     calls = []
     for name, body in call.findall(text):
         kept = strings.get(name.strip(), frozenset())
         arguments = {
-            key.strip(): value if key.strip() in kept else _value(value)
+            key.strip(): None
+            if null_is_none and value.strip() == "null"
+            else (value if key.strip() in kept else _value(value))
             for key, value in argument.findall(body)
         }
         calls.append(_call(name.strip(), arguments))
@@ -170,7 +189,7 @@ def _xml_calls(
 def qwen3_coder_calls(
     text: str, strings: TextArguments = NO_TEXT_ARGUMENTS
 ) -> tuple[str, list[dict[str, Any]]] | None:
-    return _xml_calls(text, _CODER_FUNCTION, _CODER_PARAMETER, strings)
+    return _xml_calls(text, _CODER_FUNCTION, _CODER_PARAMETER, strings, null_is_none=True)
 
 
 def glm45_calls(

@@ -158,3 +158,32 @@ def test_xml_formats_keep_string_typed_arguments_as_written() -> None:
         assert json.loads(typed.tool_calls[0]["function"]["arguments"]) == {"path": path, "line": 7}
         untyped = OutputParser(name, parse_reasoning=False).parse(text)  # no schema: JSON where it parses
         assert json.loads(untyped.tool_calls[0]["function"]["arguments"])["path"] == read
+
+
+def test_a_string_typed_argument_is_any_schema_of_strings_or_null() -> None:
+    """OpenAI's strict schemas type an optional string ["string", "null"], pydantic's Optional[str]
+    is an anyOf with null, an enum of strings has no type; qwen3_coder reads `null` as null."""
+    properties = {
+        "a": {"type": ["string", "null"]},
+        "b": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "c": {"enum": ["01", "02"]},
+        "d": {"type": ["integer", "null"]},
+        "e": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+    }
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"properties": properties}}}]
+    assert text_arguments(tools)["f"] == frozenset({"a", "b", "c"})
+    glm = (
+        "<tool_call>f\n"
+        + "".join(
+            f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n"
+            for k, v in (("a", "007"), ("b", "null"), ("c", "01"), ("d", "7"), ("e", "8"))
+        )
+        + "</tool_call>"
+    )
+    parsed = OutputParser("glm45", parse_reasoning=False, strings=text_arguments(tools)).parse(glm)
+    assert json.loads(parsed.tool_calls[0]["function"]["arguments"]) == {
+        "a": "007", "b": "null", "c": "01", "d": 7, "e": 8
+    }  # fmt: skip
+    coder = "<tool_call>\n<function=f>\n<parameter=b>\nnull\n</parameter>\n</function>\n</tool_call>"
+    parsed = OutputParser("qwen3_coder", parse_reasoning=False, strings=text_arguments(tools)).parse(coder)
+    assert json.loads(parsed.tool_calls[0]["function"]["arguments"]) == {"b": None}
