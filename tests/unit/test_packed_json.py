@@ -84,9 +84,11 @@ def test_rows_written_as_text_by_an_earlier_version_read_as_before(db: Path) -> 
 def test_packing_keeps_short_values_as_text_and_every_value_round_trips() -> None:
     short = {"a": "x" * (PACK_FROM_BYTES - 20)}
     assert isinstance(pack_json(short), str)
-    big_number = {"n": 2**70}  # past orjson's 64 bits: the standard library writes it
+    # Past orjson's 64 bits the standard library writes it (read back as orjson reads any JSON: a
+    # float; the turn routes parse bodies with orjson, so no recorded request holds one).
+    assert unpack_json(pack_json({"n": 2**70 + 1})) == {"n": float(2**70 + 1)}
     long_values = [{"messages": [{"content": LONG_TEXT}]}, {"t": RANDOM_TEXT}, {"u": "é☃" * 400}]
-    values = [short, big_number, *long_values]
+    values = [short, *long_values]
     for value in values:
         assert unpack_json(pack_json(value)) == value
     assert all(isinstance(pack_json(value), bytes) for value in long_values)
