@@ -133,7 +133,8 @@ def _apply_engine_info(state: AppState, info: EngineInfo) -> None:
 
 def _log_self_test(state: AppState) -> None:
     verdict, parser = state.renderer.verdict, state.tool_parser
-    assert parser is not None
+    if parser is None:  # set by the lifespan before this is called
+        return
     log.info(
         "template self-test: closes %s, separator %r, appends %s, dated %s; tool parser %s (%s); "
         "context %s; engine %s",

@@ -123,6 +123,8 @@ def _prompt(summary: Summary, position: int, calls: dict[int, TokenCall]) -> Ids
 
 
 def _step_reward(session_reward: float | None, call_reward: float | None, *, ends_path: bool) -> float | None:
+    """A step's reward: where a path ends, the session's (its call's if the session has none, null if
+    neither); elsewhere its call's, 0.0 if unset."""
     if not ends_path:
         return call_reward or 0.0
     return session_reward if session_reward is not None else call_reward
