@@ -39,6 +39,11 @@ def sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {body}\n\n".encode()
 
 
+class ErrorEvent(bytes):
+    """An error event: the stream ends with it, every choice's (OpenAI's streams send nothing after
+    one, and an SDK raises at it: a choice finished after it would be recorded but never read)."""
+
+
 @dataclass(frozen=True)
 class StreamOptions:
     model: str
@@ -92,7 +97,7 @@ class ChunkWriter:
         param = error.get("param")
         if param in self.field_names:
             envelope = {**envelope, "error": {**error, "param": self.field_names[param]}}
-        return sse(envelope)
+        return ErrorEvent(sse(envelope))
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
         usage = {
@@ -237,7 +242,7 @@ async def _choice_events(
                     "param": None,
                     "code": "engine_aborted",
                 }
-                yield sse({"error": error})
+                yield ErrorEvent(sse({"error": error}))
                 break
             on_result(result)
             text_delta, call_deltas = view.finish(result.output)
@@ -403,9 +408,15 @@ async def sse_events(
         for index, (request_id, chunks) in enumerate(streams)
     ]
     events = choices[0] if len(choices) == 1 else _merged(choices)
-    async for event in events:
-        if event:
-            yield event
+    try:
+        async for event in events:
+            if event:
+                yield event
+            if isinstance(event, ErrorEvent):
+                break
+    finally:
+        if isinstance(events, AsyncGenerator):  # an error ends the others: aborted, as a hang-up would
+            await events.aclose()
     if options.include_usage and len(results) == len(streams):
         yield writer.usage(results[0].prompt_tokens, sum(r.completion_tokens for r in results))
     yield sse("[DONE]")

@@ -152,3 +152,23 @@ def test_a_stop_string_split_across_chunks_is_never_streamed(
     streamed = assemble_stream(events)
     assert streamed["content"] == "alpha beta "
     assert not any("ST" in (e["choices"][0]["delta"].get("content") or "") for e in events if e["choices"])
+
+
+def test_an_error_event_ends_the_stream_of_every_choice(
+    proxy_url: str, engine: FakeSGLang, qwen_tokenizer: Tokenizer
+) -> None:
+    """n=2: choice 1's engine aborts while choice 0 still samples. Nothing follows the error event
+    (OpenAI sends nothing after one, and an SDK raises at it), and choice 0 is stopped and recorded
+    aborted: before, it went on, finished `ok` and was exported though no SDK client read it."""
+    engine.chunk_delay_s = 0.05
+    long = qwen_tokenizer.encode(" word" * 40, add_special_tokens=False).ids
+    engine.push([*long, token_id(qwen_tokenizer, "<|im_end|>")])
+    for _ in range(2):  # an abort before any token is tried once more
+        engine.push([], finish={"type": "abort", "message": "Abort by /abort_request"})
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2, "stream": True}
+    events, _ = stream_events(proxy_url, body, "n2-error")
+    errors = [n for n, event in enumerate(events) if "error" in event]
+    assert errors == [len(events) - 1], events[-3:]  # the error event is the last one
+    assert not any(choice.get("finish_reason") for e in events for choice in e.get("choices") or [])
+    exported = httpx.get(f"{proxy_url}/sessions/n2-error/samples", params={"mode": "stepwise"}).json()
+    assert exported["samples"] == []  # neither choice is a sample: both ended aborted
