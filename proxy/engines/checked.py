@@ -93,6 +93,7 @@ def check_finish(finish: Any) -> FinishReason:
 
 
 def check_length(count: int, params: SamplingParams) -> None:
+    """No more ids than max_new_tokens (an engine's own cap can only be lower)."""
     if params.max_new_tokens is not None and count > params.max_new_tokens:
         raise InvalidEngineAnswer(f"the engine answered {count} tokens for at most {params.max_new_tokens}")
 
@@ -105,8 +106,7 @@ def check_ending(
     end-of-sequence special token (`stop_ids`), and a stop on a string names a string it asked for.
     Past such an ending (tokens after the stop, a stop claimed on a token that was not sampled) the
     record would hold tokens the engine never sampled, or the answer would drop one it did."""
-    if params.max_new_tokens is not None and count > params.max_new_tokens:
-        raise InvalidEngineAnswer(f"the engine answered {count} tokens for at most {params.max_new_tokens}")
+    check_length(count, params)
     if finish.kind != "stop":
         return
     token, text = finish.matched_token, finish.matched_text
@@ -197,10 +197,8 @@ class CheckedEngine:
                 last = chunk.output_ids[-1] if chunk.output_ids else last
                 if chunk.finish is not None:
                     check_ending(check_finish(chunk.finish), count, last, params, self.stop_ids)
-                elif params.max_new_tokens is not None and count > params.max_new_tokens:
-                    raise InvalidEngineAnswer(
-                        f"the engine streamed {count} tokens for at most {params.max_new_tokens}"
-                    )
+                else:
+                    check_length(count, params)
                 yield chunk
                 if chunk.finish is not None:
                     return  # the last chunk: nothing after it is read
