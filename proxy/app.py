@@ -169,7 +169,11 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
         # Every engine answer passes the checks before it is recorded or streamed; every engine call
         # passes the trainer's pause gate, and aborted generations are continued.
         inference = ResumingEngine(
-            CheckedEngine(pool, vocab_size=renderer.vocab_size, stop_ids=renderer.special_ids),
+            CheckedEngine(
+                pool,
+                vocab_size=renderer.vocab_size,
+                stop_ids=renderer.special_ids | frozenset(renderer.stop_token_ids),
+            ),
             PauseGate(settings.pause_mode, settings.pause_max_wait_s, settings.retry_after_s),
             restart_wait_s=settings.engine_restart_wait_s,
         )
