@@ -124,8 +124,7 @@ def _apply_engine_info(state: AppState, info: EngineInfo) -> None:
     context length, and its weight version for calls whose answer names none until the trainer
     sets one."""
     settings = state.settings
-    state.context_length = settings.context_length or info.context_length
-    state.turns.context_length = state.context_length
+    state.turns.context_length = settings.context_length or info.context_length
     state.model_name = settings.served_model_name or _named_model(info.model) or state.model_name
     state.model_names.serve_also(state.model_name)
     state.turns.trainer_version.fallback = info.weight_version
@@ -199,9 +198,8 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> FastAPI:
                 history_mode=settings.history_mode,
                 trainer_version=trainer_version,
             ),
-            # Until the engine says otherwise (below): the configured names and context.
+            # Until the engine says otherwise (below): the configured name.
             model_name=settings.model_name,
-            context_length=settings.context_length,
             tool_parser=parser_report,
             retries=RetryGuard(claims=RetryClaims(db_sessions) if _shared_database(settings) else None),
             pool=pool,

@@ -13,6 +13,7 @@ from proxy.api.message_prefix import MessagePrefixes
 from proxy.api.model_names import ModelNames
 from proxy.api.retries import RetryGuard
 from proxy.chat.call_format import ToolParserReport
+from proxy.chat.reasoning_tokens import ReasoningTokens
 from proxy.chat.renderer import Renderer
 from proxy.chat.token_pieces import TokenPieces
 from proxy.config import Settings
@@ -33,7 +34,6 @@ class AppState:
     renderer: Renderer
     turns: TurnRunner
     model_name: str
-    context_length: int | None
     retries: RetryGuard = field(default_factory=RetryGuard)
     tool_parser: ToolParserReport | None = None  # which parser reads the template's calls
     # The engines behind `engine` (GET/POST/DELETE /admin/engines).
@@ -53,6 +53,8 @@ class AppState:
 
     def __post_init__(self) -> None:
         self.pieces = TokenPieces(self.renderer.tokenizer, self.renderer.special_ids)
+        # Responses' usage.output_tokens_details.reasoning_tokens, for the model's output format.
+        self.reasoning_tokens = ReasoningTokens.of(self.renderer, self.turns.parser.name)
         settings = self.settings
         self.model_names = ModelNames(
             self.engine,
@@ -61,6 +63,11 @@ class AppState:
             restart_wait_s=settings.engine_restart_wait_s,
         )
         self.routed_experts_shape = self._routed_experts_shape()
+
+    @property
+    def context_length(self) -> int | None:
+        """The model's context, as the turn core bounds requests by it (None: unknown)."""
+        return self.turns.context_length
 
     def _routed_experts_shape(self) -> tuple[int, int] | None:
         """The MoE shape routed experts are read in; the start fails where they cannot be recorded."""

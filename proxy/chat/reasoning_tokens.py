@@ -4,7 +4,7 @@ close of a `<think>` block, or gpt-oss's analysis messages, headers and ends inc
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.chat.parsing import ParsedOutput
@@ -14,6 +14,7 @@ from proxy.chat.renderer import Renderer
 @dataclass(frozen=True)
 class ReasoningTokens:
     think_close: int | None  # `</think>`
+    decode: Callable[[list[int]], str]  # the model's own, for a harmony message's header
     # gpt-oss (harmony): `<|start|>`, which opens each message after the first, and `<|channel|>`,
     # `<|message|>`, between which a message's header names its channel.
     harmony: tuple[int, int, int] | None = None
@@ -26,19 +27,19 @@ class ReasoningTokens:
         harmony = None
         if parser_name == "gpt_oss" and start is not None and channel is not None and message is not None:
             harmony = (start, channel, message)
-        return cls(renderer.token_id("</think>"), harmony)
+        return cls(renderer.token_id("</think>"), renderer.decode, harmony)
 
-    def count(self, ids: Sequence[int], output: ParsedOutput, renderer: Renderer) -> int:
+    def count(self, ids: Sequence[int], output: ParsedOutput) -> int:
         if not output.reasoning_content:
             return 0
         if self.harmony is not None:
-            return self._analysis_tokens(list(ids), renderer)
+            return self._analysis_tokens(list(ids))
         if self.think_close is not None and self.think_close in ids:
             return list(ids).index(self.think_close) + 1
         # Never closed: all of it is reasoning, unless something else was parsed out of it.
         return len(ids) if not (output.content or output.tool_calls) else 0
 
-    def _analysis_tokens(self, ids: list[int], renderer: Renderer) -> int:
+    def _analysis_tokens(self, ids: list[int]) -> int:
         """The tokens of the messages on the analysis channel (a message runs from its `<|start|>`,
         or the output's start, to the next one)."""
         assert self.harmony is not None
@@ -51,7 +52,7 @@ class ReasoningTokens:
                 continue
             header_from = span.index(channel) + 1
             header_to = span.index(message) if message in span else len(span)
-            header = renderer.decode(span[header_from:header_to])
+            header = self.decode(span[header_from:header_to])
             if header.split(" ", 1)[0].strip() == "analysis" and "to=" not in header:
                 counted += len(span)
         return counted

@@ -21,7 +21,6 @@ from proxy.api.retries import RetryIdentity
 from proxy.api.schemas import Shallow, refuse_unsupported
 from proxy.app_state import AppState
 from proxy.chat.messages import Message
-from proxy.chat.reasoning_tokens import ReasoningTokens
 from proxy.dialects.converted_history import (
     Converted,
     ConvertedHistories,
@@ -293,7 +292,6 @@ async def create_response(
     request = await for_model(state, request, body.model)
     echoed = body.model_dump(exclude={"input"}, exclude_none=True)
     created_at = int(time.time())
-    reasoning_tokens = ReasoningTokens.of(state.renderer, state.turns.parser.name)
 
     def shape(request_id: str) -> ResponseShape:
         return ResponseShape(
@@ -302,8 +300,7 @@ async def create_response(
             model=body.model,
             created_at=created_at,
             sealer=sealer if "reasoning.encrypted_content" in (body.include or []) else None,
-            reasoning_tokens=reasoning_tokens,
-            renderer=state.renderer,
+            reasoning_tokens=state.reasoning_tokens,
         )
 
     return await answer_turn(

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.chat.reasoning_tokens import ReasoningTokens
-from proxy.chat.renderer import Renderer
 from proxy.dialects.seals import Sealer
 from proxy.turns import TurnResult
 
@@ -38,7 +37,6 @@ class ResponseShape:
     created_at: int
     sealer: Sealer | None  # set when the client included reasoning.encrypted_content
     reasoning_tokens: ReasoningTokens | None = None  # how many sampled tokens are reasoning
-    renderer: Renderer | None = None
 
     @property
     def _suffix(self) -> str:
@@ -152,9 +150,9 @@ class ResponseShape:
         return usage_of(result, self._reasoning_tokens(result))
 
     def _reasoning_tokens(self, result: TurnResult) -> int:
-        if self.reasoning_tokens is None or self.renderer is None:
+        if self.reasoning_tokens is None:
             return 0
-        return self.reasoning_tokens.count(result.generation.output_ids, result.output, self.renderer)
+        return self.reasoning_tokens.count(result.generation.output_ids, result.output)
 
     def completed(self, result: TurnResult) -> dict[str, Any]:
         return self.response(status_of(result), self.output(result), self.usage(result))
