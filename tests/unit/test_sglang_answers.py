@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from proxy.engines.base import SamplingParams
+from proxy.engines.checked import check_generation
 from proxy.engines.sglang import _stream_chunk, parse_generation
 from proxy.errors import InvalidEngineAnswer
 
@@ -81,11 +83,18 @@ def test_a_stream_chunk_that_is_neither_whole_nor_next_is_refused(chunks: list[d
 
 
 def test_an_answer_missing_ids_or_its_stop_token_is_refused() -> None:
+    """As the app reads it: parsed, then checked as every engine's answer is."""
     stop = {"type": "stop", "matched": 9}
-    assert parse_generation(_meta([4, 9], 2, stop)).output_ids == [4, 9]
+    params = SamplingParams(max_new_tokens=16, stop_token_ids=(9,))
+
+    def read(answer: dict[str, Any]) -> list[int]:
+        generation = parse_generation(answer)
+        return check_generation(generation, vocab_size=100, top_wanted=False, params=params).output_ids
+
+    assert read(_meta([4, 9], 2, stop)) == [4, 9]
     for answer in (_meta([4], 11, stop), _meta([4, 5], 2, stop), _meta([], 0, stop)):
         with pytest.raises(InvalidEngineAnswer):
-            parse_generation(answer)
+            read(answer)
 
 
 def test_an_abort_chunk_that_repeats_the_last_id_adds_nothing() -> None:
